@@ -1,0 +1,53 @@
+# The two commands a user needs: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CHROMIUM ?= /usr/bin/chromium
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: all bootstrap web test demo bench soak lint typecheck clean
+
+all: test
+
+$(VENV)/.installed: requirements-dev.txt pyproject.toml server/pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./server
+	@touch $@
+
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js 20+ (apt-get install -y nodejs npm)"; exit 1; }
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(CHROMIUM):
+	@echo "Chromium is missing at $(CHROMIUM); installing Debian's chromium package"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+bootstrap: $(VENV)/.installed node_modules/.installed $(CHROMIUM)
+
+# build/web/: Pyodide, PyScript, the browser wheels and our own, served with no network.
+web: $(VENV)/.installed node_modules/.installed
+	$(PY) scripts/build_web.py
+
+test: bootstrap web
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: bootstrap web
+	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --static demo --static build/web
+
+bench: bootstrap web
+	$(PY) -m bench
+
+soak: bootstrap web
+	$(PY) -m pytest -m soak --soak $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check client server tests scripts
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build

@@ -1,0 +1,403 @@
+"""Every wire frame of protocol v1 as a pydantic model; parsing and dumping, no I/O.
+
+Both the browser client and the reference server import this module, so the two
+sides cannot drift apart. Field names are snake_case in Python and camelCase on
+the wire.
+
+    >>> frame = parse_server_frame('{"type": "cf_agent_ping", "t": 1}')
+    >>> isinstance(frame, PingFrame), frame.t
+    (True, 1.0)
+    >>> dump_frame(PongFrame(t=frame.t))
+    '{"type":"cf_agent_pong","t":1.0}'
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1_048_576
+MAX_RESULT_BYTES = 1_000_000
+MAX_TOOLS_PER_CONNECTION = 128
+MAX_TOOL_SPEC_BYTES = 65_536
+TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+
+ErrorCode: TypeAlias = Literal[
+    "unknown_tool",
+    "invalid_input",
+    "invalid_request",
+    "tool_error",
+    "timeout",
+    "cancelled",
+    "invalid_output",
+    "output_too_large",
+    "disconnected",
+    "expired",
+]
+CancelReason: TypeAlias = Literal["timeout", "aborted", "superseded", "shutdown"]
+AckOutcome: TypeAlias = Literal["applied", "duplicate", "stale", "invalid"]
+ChatTrigger: TypeAlias = Literal["submit-message", "regenerate-message"]
+
+
+class WireModel(BaseModel):
+    """Base of every wire model: camelCase aliases, strict types, unknown fields ignored.
+
+    Unknown fields are ignored rather than refused so that a newer peer can add
+    fields without breaking an older one.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        strict=True,
+        frozen=True,
+        extra="ignore",
+    )
+
+
+RequestId = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class ToolSpec(WireModel):
+    """What a client says about one of its tools."""
+
+    name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+    description: str = ""
+    input_schema: dict[str, JsonValue]
+    output_schema: dict[str, JsonValue] | None = None
+    needs_approval: bool | None = None
+    timeout_ms: Annotated[int, Field(ge=1)] | None = None
+
+
+class ToolErrorInfo(WireModel):
+    """A structured tool error as it travels on the wire."""
+
+    code: ErrorCode
+    message: str
+    data: JsonValue = None
+
+
+class RejectedTool(WireModel):
+    name: str
+    reason: str
+
+
+# --- client to server: tool frames -------------------------------------------------
+
+
+class ClientToolsFrame(WireModel):
+    type: Literal["cf_agent_client_tools"] = "cf_agent_client_tools"
+    protocol: Literal[1] = 1
+    client_id: Annotated[str, Field(min_length=1, max_length=256)]
+    tools: list[ToolSpec]
+
+
+class ToolResultFrame(WireModel):
+    """The answer to one invoke: exactly one of `output` (any JSON, null included) or `error`."""
+
+    type: Literal["cf_agent_client_tool_result"] = "cf_agent_client_tool_result"
+    request_id: RequestId
+    output: JsonValue = None
+    error: ToolErrorInfo | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_of_output_or_error(self) -> ToolResultFrame:
+        has_output = "output" in self.model_fields_set
+        has_error = self.error is not None
+        if has_output == has_error:
+            raise ValueError("a result carries exactly one of 'output' or 'error'")
+        return self
+
+
+class ToolProgressFrame(WireModel):
+    type: Literal["cf_agent_client_tool_progress"] = "cf_agent_client_tool_progress"
+    request_id: RequestId
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+class ToolApprovalFrame(WireModel):
+    type: Literal["cf_agent_tool_approval"] = "cf_agent_tool_approval"
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)]
+    approved: bool
+    reason: str | None = None
+
+
+class PongFrame(WireModel):
+    type: Literal["cf_agent_pong"] = "cf_agent_pong"
+    t: float
+
+
+# --- client to server: chat frames (AI SDK v7 WebSocketChatTransport) --------------
+
+
+class SendFrame(WireModel):
+    type: Literal["send"] = "send"
+    request_id: RequestId
+    id: str
+    trigger: ChatTrigger = "submit-message"
+    message_id: str | None = None
+    messages: list[dict[str, JsonValue]]
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonValue = None
+
+
+class ResumeFrame(WireModel):
+    type: Literal["resume"] = "resume"
+    request_id: RequestId
+    id: str
+    last_sequence: Annotated[int, Field(ge=0)] | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonValue = None
+
+
+class AbortFrame(WireModel):
+    type: Literal["abort"] = "abort"
+    request_id: RequestId
+
+
+# --- server to client: tool frames -------------------------------------------------
+
+
+class ToolsAckFrame(WireModel):
+    type: Literal["cf_agent_client_tools_ack"] = "cf_agent_client_tools_ack"
+    accepted: list[str]
+    rejected: list[RejectedTool] = Field(default_factory=list)
+
+
+class InvokeFrame(WireModel):
+    type: Literal["cf_agent_client_tool_invoke"] = "cf_agent_client_tool_invoke"
+    request_id: RequestId
+    tool_call_id: str
+    tool_name: str
+    input: dict[str, JsonValue]
+    timeout_ms: Annotated[int, Field(ge=0)] | None = None
+    attempt: Annotated[int, Field(ge=1)] = 1
+
+
+class CancelFrame(WireModel):
+    type: Literal["cf_agent_client_tool_cancel"] = "cf_agent_client_tool_cancel"
+    request_id: RequestId
+    reason: CancelReason
+
+
+class ResultAckFrame(WireModel):
+    type: Literal["cf_agent_client_tool_result_ack"] = "cf_agent_client_tool_result_ack"
+    request_id: RequestId
+    outcome: AckOutcome
+    message: str | None = None
+
+
+class PingFrame(WireModel):
+    type: Literal["cf_agent_ping"] = "cf_agent_ping"
+    t: float
+
+
+class ProtocolErrorFrame(WireModel):
+    type: Literal["cf_agent_protocol_error"] = "cf_agent_protocol_error"
+    message: str
+    request_id: str | None = None
+
+
+# --- server to client: chat frames -------------------------------------------------
+
+
+class StartFrame(WireModel):
+    type: Literal["start"] = "start"
+    request_id: RequestId
+
+
+class ChunkFrame(WireModel):
+    type: Literal["chunk"] = "chunk"
+    request_id: RequestId
+    sequence: Annotated[int, Field(ge=0)]
+    chunk: dict[str, JsonValue]
+
+
+class EndFrame(WireModel):
+    type: Literal["end"] = "end"
+    request_id: RequestId
+
+
+class ErrorFrame(WireModel):
+    type: Literal["error"] = "error"
+    request_id: RequestId
+    error_text: str | None = None
+
+
+class NoActiveFrame(WireModel):
+    type: Literal["no-active"] = "no-active"
+    request_id: RequestId
+
+
+ClientFrame: TypeAlias = Annotated[
+    ClientToolsFrame
+    | ToolResultFrame
+    | ToolProgressFrame
+    | ToolApprovalFrame
+    | PongFrame
+    | SendFrame
+    | ResumeFrame
+    | AbortFrame,
+    Field(discriminator="type"),
+]
+ServerFrame: TypeAlias = Annotated[
+    ToolsAckFrame
+    | InvokeFrame
+    | CancelFrame
+    | ResultAckFrame
+    | PingFrame
+    | ProtocolErrorFrame
+    | StartFrame
+    | ChunkFrame
+    | EndFrame
+    | ErrorFrame
+    | NoActiveFrame,
+    Field(discriminator="type"),
+]
+ChatServerFrame: TypeAlias = StartFrame | ChunkFrame | EndFrame | ErrorFrame | NoActiveFrame
+
+CLIENT_FRAME_TYPES = frozenset(
+    m.model_fields["type"].default
+    for m in (
+        ClientToolsFrame,
+        ToolResultFrame,
+        ToolProgressFrame,
+        ToolApprovalFrame,
+        PongFrame,
+        SendFrame,
+        ResumeFrame,
+        AbortFrame,
+    )
+)
+SERVER_FRAME_TYPES = frozenset(
+    m.model_fields["type"].default
+    for m in (
+        ToolsAckFrame,
+        InvokeFrame,
+        CancelFrame,
+        ResultAckFrame,
+        PingFrame,
+        ProtocolErrorFrame,
+        StartFrame,
+        ChunkFrame,
+        EndFrame,
+        ErrorFrame,
+        NoActiveFrame,
+    )
+)
+
+_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+_server_frame: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+
+
+class FrameError(ValueError):
+    """A frame that cannot be used: not JSON, not an object, unknown type, bad fields, too big.
+
+    `request_id` is set when the frame was a JSON object with a string
+    `requestId`, so the receiver can still answer that request (C13).
+    `frame_type` is the frame's `type` when it was a string.
+    """
+
+    def __init__(
+        self, message: str, *, request_id: str | None = None, frame_type: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        self.frame_type = frame_type
+
+
+def _parse(
+    text: str | bytes, adapter: TypeAdapter[Any], known_types: frozenset[str], max_bytes: int
+) -> Any:
+    if not isinstance(text, str):
+        raise FrameError("binary frames are not part of the protocol; send JSON text")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise FrameError(f"frame of {size} bytes is over the {max_bytes}-byte limit")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FrameError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise FrameError(f"frame must be a JSON object, got {type(raw).__name__}")
+    request_id = raw.get("requestId")
+    request_id = request_id if isinstance(request_id, str) and request_id else None
+    frame_type = raw.get("type")
+    if not isinstance(frame_type, str):
+        raise FrameError("frame has no string 'type'", request_id=request_id)
+    if frame_type not in known_types:
+        raise FrameError(
+            f"unknown frame type {frame_type[:64]!r}", request_id=request_id, frame_type=frame_type
+        )
+    try:
+        return adapter.validate_python(raw, by_alias=True)
+    except ValidationError as exc:
+        raise FrameError(
+            f"invalid {frame_type!r} frame: {describe_validation_error(exc, skip=1)}",
+            request_id=request_id,
+            frame_type=frame_type,
+        ) from None
+    except RecursionError:
+        raise FrameError("frame is nested too deeply", request_id=request_id) from None
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 3, skip: int = 0) -> str:
+    """A short, human-readable summary of a pydantic error: where and what.
+
+    `skip` drops leading location parts (the union tag of a discriminated frame).
+    """
+    parts = []
+    for err in exc.errors(include_url=False)[:limit]:
+        where = ".".join(str(p) for p in err["loc"][skip:]) or "frame"
+        parts.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - limit
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def parse_client_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ClientFrame:
+    """Parse a frame the client sent. Raises FrameError with a readable message."""
+    frame: ClientFrame = _parse(text, _client_frame, CLIENT_FRAME_TYPES, max_bytes)
+    return frame
+
+
+def parse_server_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ServerFrame:
+    """Parse a frame the server sent. Raises FrameError with a readable message."""
+    frame: ServerFrame = _parse(text, _server_frame, SERVER_FRAME_TYPES, max_bytes)
+    return frame
+
+
+def dump_frame(frame: WireModel) -> str:
+    """Serialize a frame to compact JSON text with camelCase keys.
+
+    Absent optional fields are left out, except a result's `output`, which is
+    sent even when it is null because null is a valid tool output.
+    """
+    data = frame.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if isinstance(frame, ToolResultFrame) and frame.error is None:
+        data["output"] = frame.output
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def json_size(value: object) -> int:
+    """Bytes of `value` as compact UTF-8 JSON, the size the result limits count."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return len(text.encode("utf-8"))

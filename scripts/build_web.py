@@ -1,0 +1,273 @@
+"""Build `build/web/`: a static tree that runs clienttools in a browser with no network.
+
+    python scripts/build_web.py            # build or refresh build/web/
+
+Layout of the result:
+
+    build/web/pyodide/    Pyodide core (npm `pyodide`), the browser wheels, our
+                          clienttools wheel, and a pyodide-lock.json that lists
+                          exactly these wheels with their sha256
+    build/web/pyscript/   the `@pyscript/core` dist
+
+Every browser-side version is pinned in package.json: the npm packages under
+`dependencies`, the wheels under `browserWheels`. The build is incremental:
+files are copied only when their content changed, wheels are downloaded again
+only when the pins change, and the clienttools wheel is rebuilt only when a
+file under client/ (or pyproject.toml) changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+# Files of the npm pyodide package that a page never loads (or that we replace).
+PYODIDE_SKIP = frozenset(
+    {"pyodide-lock.json", "package.json", "README.md", "console.html", "console-v2.html"}
+)
+# What `Requires-Dist` markers see inside Pyodide.
+PYODIDE_MARKER_ENV = {
+    "python_version": "3.14",
+    "python_full_version": "3.14.2",
+    "sys_platform": "emscripten",
+    "platform_system": "Emscripten",
+    "platform_machine": "wasm32",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    name: str
+    version: str
+    requires: tuple[Requirement, ...]
+    imports: tuple[str, ...]
+    sha256: str
+
+    @property
+    def key(self) -> str:
+        return canonicalize_name(self.name)
+
+
+def log(message: str) -> None:
+    print(f"build_web: {message}", flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def copy_if_changed(src: Path, dst: Path) -> bool:
+    if dst.exists() and dst.stat().st_size == src.stat().st_size and sha256_of(dst) == sha256_of(src):
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+    return True
+
+
+def sync_tree(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> int:
+    """Mirror the files of `src` into `dst`; returns how many were (re)copied."""
+    if not src.is_dir():
+        raise SystemExit(f"build_web: {src} is missing; run `npm ci` first (make does this)")
+    changed = 0
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if path.is_dir() or rel.parts[0] in skip or path.name.endswith(".d.ts"):
+            continue
+        changed += copy_if_changed(path, dst / rel)
+    return changed
+
+
+def read_pins() -> dict[str, object]:
+    package = json.loads((ROOT / "package.json").read_text())
+    pins: dict[str, object] = package["browserWheels"]
+    return pins
+
+
+def download_wheels(cache: Path) -> list[Path]:
+    """pip-download the pinned browser wheels once; reuse them while the pins are unchanged."""
+    pins = read_pins()
+    requirements = list(pins["requirements"])  # type: ignore[call-overload]
+    stamp_text = json.dumps(pins, sort_keys=True)
+    target = cache / "wheels"
+    stamp = target / ".pins.json"
+    if stamp.exists() and stamp.read_text() == stamp_text:
+        return sorted(target.glob("*.whl"))
+    log(f"downloading browser wheels: {' '.join(requirements)}")
+    with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
+        subprocess.run(
+            [
+                sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                "--only-binary=:all:",
+                "--platform", str(pins["platform"]),
+                "--python-version", str(pins["pythonVersion"]),
+                "--implementation", "cp",
+                "--abi", str(pins["abi"]),
+                "--dest", tmp,
+                *requirements,
+            ],
+            check=True,
+        )
+        downloaded = sorted(Path(tmp).glob("*.whl"))
+        names = {canonicalize_name(Requirement(r).name) for r in requirements}
+        extra = [w.name for w in downloaded if canonicalize_name(w.name.split("-")[0]) not in names]
+        if extra:
+            raise SystemExit(
+                "build_web: pip resolved wheels that package.json does not pin: "
+                + ", ".join(extra)
+                + "; add them to browserWheels.requirements with an exact version"
+            )
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for wheel in downloaded:
+            shutil.move(str(wheel), target / wheel.name)
+    stamp.write_text(stamp_text)
+    return sorted(target.glob("*.whl"))
+
+
+def client_sources_digest() -> str:
+    digest = hashlib.sha256()
+    files = [ROOT / "pyproject.toml", ROOT / "README.md"]
+    files += sorted(p for p in (ROOT / "client").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_client_wheel(cache: Path) -> Path:
+    """Build the clienttools wheel with the standard backend, only when client/ changed."""
+    target = cache / "dist"
+    stamp = target / ".sources.sha256"
+    digest = client_sources_digest()
+    wheels = sorted(target.glob("clienttools-*.whl"))
+    if stamp.exists() and stamp.read_text() == digest and len(wheels) == 1:
+        return wheels[0]
+    log("building the clienttools wheel")
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(target), str(ROOT)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    wheels = sorted(target.glob("clienttools-*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"build_web: expected one clienttools wheel in {target}, found {wheels}")
+    stamp.write_text(digest)
+    return wheels[0]
+
+
+def read_wheel(path: Path) -> Wheel:
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        dist_info = next(n.split("/")[0] for n in names if re.match(r"[^/]+\.dist-info/METADATA$", n))
+        metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
+        top_level = f"{dist_info}/top_level.txt"
+        if top_level in names:
+            imports = archive.read(top_level).decode().split()
+        else:
+            imports = sorted(
+                {
+                    n.split("/")[0].removesuffix(".py")
+                    for n in names
+                    if not n.split("/")[0].endswith((".dist-info", ".data"))
+                    and (n.endswith(".py") or "/" in n)
+                }
+            )
+    return Wheel(
+        path=path,
+        name=metadata["Name"],
+        version=metadata["Version"],
+        requires=tuple(Requirement(r) for r in metadata.get_all("Requires-Dist") or []),
+        imports=tuple(i for i in imports if not i.startswith("_") or i == "_pydantic_core"),
+        sha256=sha256_of(path),
+    )
+
+
+def lock_for(wheels: list[Wheel], info: dict[str, object]) -> dict[str, object]:
+    """A pyodide-lock.json that lists exactly `wheels`, with dependencies between them."""
+    shipped = {w.key for w in wheels}
+    packages: dict[str, object] = {}
+    for wheel in wheels:
+        depends = []
+        for req in wheel.requires:
+            if req.marker is not None and not req.marker.evaluate(PYODIDE_MARKER_ENV):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep not in shipped:
+                raise SystemExit(
+                    f"build_web: {wheel.name} needs {req} for the browser, which is not shipped; "
+                    "pin it in package.json browserWheels.requirements"
+                )
+            depends.append(dep)
+        packages[wheel.key] = {
+            "name": wheel.name,
+            "version": wheel.version,
+            "file_name": wheel.path.name,
+            "install_dir": "site",
+            "sha256": wheel.sha256,
+            "package_type": "package",
+            "imports": list(wheel.imports),
+            "depends": sorted(depends),
+            "unvendored_tests": False,
+        }
+    return {"info": info, "packages": dict(sorted(packages.items())), "tool": {}}
+
+
+def build(out: Path, cache: Path) -> None:
+    node_modules = ROOT / "node_modules"
+    cache.mkdir(parents=True, exist_ok=True)
+    copied = sync_tree(node_modules / "pyodide", out / "pyodide", skip=PYODIDE_SKIP)
+    copied += sync_tree(node_modules / "@pyscript" / "core" / "dist", out / "pyscript")
+    wheel_paths = [*download_wheels(cache), build_client_wheel(cache)]
+    for path in wheel_paths:
+        copied += copy_if_changed(path, out / "pyodide" / path.name)
+    shipped = {p.name for p in wheel_paths}
+    for stale in (out / "pyodide").glob("*.whl"):
+        if stale.name not in shipped:
+            stale.unlink()
+    npm_lock = json.loads((node_modules / "pyodide" / "pyodide-lock.json").read_text())
+    lock = lock_for([read_wheel(p) for p in wheel_paths], npm_lock["info"])
+    lock_text = json.dumps(lock, indent=2) + "\n"
+    lock_path = out / "pyodide" / "pyodide-lock.json"
+    if not lock_path.exists() or lock_path.read_text() != lock_text:
+        lock_path.write_text(lock_text)
+        copied += 1
+    log(f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ready ({copied} files updated)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "web", help="where the web tree goes")
+    parser.add_argument("--cache", type=Path, default=ROOT / "build" / "cache", help="downloads and built wheels")
+    args = parser.parse_args(argv)
+    build(args.out.resolve(), args.cache.resolve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The web build is self-contained: the SDK loads with every non-local request blocked.
+
+Both ways a page can use the SDK are covered: PyScript's `packages = ["clienttools"]`
+and plain Pyodide's `loadPackage("clienttools")`. Both resolve through the lock file
+that the build writes, with integrity checks on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from playwright.sync_api import Browser, Route
+
+import clienttools
+from tests.conftest import PLAYWRIGHT_CONFIG, WEB
+from tests.support.static import StaticServer
+
+pytestmark = pytest.mark.browser
+
+
+def load(browser: Browser, url: str) -> tuple[str, list[str], list[str]]:
+    context = browser.new_context()
+    blocked: list[str] = []
+    console: list[str] = []
+
+    def only_loopback(route: Route) -> None:
+        if route.request.url.startswith("http://127.0.0.1:"):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    page = context.new_page()
+    page.on("console", lambda message: console.append(message.text))
+    try:
+        page.goto(url)
+        page.wait_for_function(
+            "document.getElementById('status').textContent !== 'loading'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        return page.text_content("#status") or "", blocked, console
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("page_name", ["load_pyscript.html", "load_pyodide.html"])
+def test_sdk_loads_offline(browser: Browser, static_server: StaticServer, page_name: str) -> None:
+    status, blocked, console = load(browser, f"{static_server.url}/{page_name}")
+    assert status.startswith(f"clienttools {clienttools.__version__} ready"), (status, console)
+    assert "pydantic 2.14.4" in status
+    assert "python 3.14" in status
+    assert blocked == [], f"the page tried to reach other hosts: {blocked}"
+    # The wheels came from our lock, not from an index.
+    assert any(r.endswith("/pyodide/pyodide-lock.json") for r in static_server.requests)
+    assert any("/pyodide/clienttools-" in r for r in static_server.requests)
+
+
+def test_lock_lists_exactly_the_shipped_wheels() -> None:
+    lock = json.loads((WEB / "pyodide" / "pyodide-lock.json").read_text())
+    wheels = sorted(p.name for p in (WEB / "pyodide").glob("*.whl"))
+    assert sorted(p["file_name"] for p in lock["packages"].values()) == wheels
+    assert lock["packages"]["clienttools"]["depends"] == ["pydantic"]
+    assert lock["info"]["python"].startswith("3.14")
+    for package in lock["packages"].values():
+        digest = hashlib.sha256((WEB / "pyodide" / package["file_name"]).read_bytes()).hexdigest()
+        assert package["sha256"] == digest, package["file_name"]

@@ -1,0 +1,58 @@
+"""Fixtures shared by every layer: paths, the web build, one Chromium for the whole session.
+
+Browser tests use pytest-playwright's session-scoped `browser`, launched with the
+settings in playwright.config.py (Debian's Chromium, never a downloaded one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.static import StaticServer
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "build" / "web"
+PAGES = ROOT / "tests" / "browser" / "pages"
+
+
+def _load_playwright_config() -> Any:
+    spec = importlib.util.spec_from_file_location("playwright_config", ROOT / "playwright.config.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PLAYWRIGHT_CONFIG = _load_playwright_config()
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args() -> dict[str, object]:
+    return PLAYWRIGHT_CONFIG.launch_options()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def web_build() -> Path:
+    """build/web, built (incrementally) if a test run starts without `make web`."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_web.py")], check=True)
+    return WEB
+
+
+@pytest.fixture(scope="session")
+def static_server(web_build: Path) -> Iterator[StaticServer]:
+    server = StaticServer(
+        {
+            "/": PAGES,
+            "/pyodide/": web_build / "pyodide",
+            "/pyscript/": web_build / "pyscript",
+        }
+    ).start()
+    yield server
+    server.stop()

@@ -1,0 +1,1 @@
+"""Shared test helpers: a static file server and the browser launch settings."""
