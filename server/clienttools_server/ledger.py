@@ -1,0 +1,944 @@
+"""The durable ledger of runs and their non-deterministic steps (protocol rule S8).
+
+Every run (an *execution*) gets an id; every step in it whose outcome the
+server cannot recompute (a model output, a tool call) gets a ``seq`` 0, 1, 2,
+... and a record here: kind, name, canonical JSON of the input, who resolves it,
+its state and, once settled, its result or error. After a restart the runtime
+re-runs an unfinished execution and asks for the record at each ``seq``:
+recorded steps give back their results, and a step that asks for something
+else than what was recorded is a :class:`Divergence`.
+
+Two implementations behave the same: :class:`SqliteLedger` (durable; each
+write is its own committed transaction) and :class:`MemoryLedger` (dicts only,
+for "ledger off" and as a reference in tests). The caller owns the clock:
+every write takes ``now`` in seconds.
+
+Example::
+
+    ledger = SqliteLedger("ledger.sqlite3")
+    run = ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
+    step = ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now=time.time())
+    outcome = ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', now=time.time())
+    assert outcome.ok and ledger.get_step(run.id, 0).result() == {"lat": 52.5, "lon": 13.4}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol, cast
+
+ExecutionStatus = Literal["running", "paused", "completed", "error", "expired"]
+StepKind = Literal["model", "tool"]
+# Who settles a step: the browser tool ("client"), a human answering an approval
+# request ("approval"), or the server itself: a server tool or a model output.
+Resolution = Literal["client", "approval", "server"]
+StepState = Literal["pending", "applied", "error", "expired"]
+OutcomeReason = Literal["applied", "not_found", "not_pending", "too_large", "invalid"]
+
+# Protocol default for the largest serialized tool result; applied to every
+# stored input, result and error, measured in UTF-8 bytes of the canonical JSON.
+MAX_STORED_BYTES = 1_000_000
+
+FINISHED_STATUSES: frozenset[ExecutionStatus] = frozenset({"completed", "error", "expired"})
+
+# Legal status changes, as data: a finished execution never comes back, since
+# its pending steps were settled when it finished and replaying it would
+# contradict what was already reported to the page and the model.
+STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
+    "running": frozenset({"running", "paused", "completed", "error", "expired"}),
+    "paused": frozenset({"running", "paused", "completed", "error", "expired"}),
+    "completed": frozenset({"completed"}),
+    "error": frozenset({"error"}),
+    "expired": frozenset({"expired"}),
+}
+
+_SCHEMA_VERSION = 1
+
+# How much of a recorded or asked-for input a Divergence message quotes.
+_QUOTE_CHARS = 200
+
+
+def canonical_json(value: object) -> str:
+    """Serialize ``value`` so that equal JSON values give equal strings.
+
+    Keys sorted, no whitespace, non-ASCII kept as is; NaN and infinities are
+    refused because JSON has no spelling for them.
+
+    >>> canonical_json({"b": 1, "a": [True, None, "é"]})
+    '{"a":[true,null,"é"],"b":1}'
+    """
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, RecursionError) as exc:
+        # One exception type for "not a JSON value", whatever json tripped on.
+        raise ValueError(f"not a JSON value: {exc}") from exc
+
+
+def _canonicalize(text: str) -> str:
+    """Parse JSON text and return its canonical form; ValueError if it is not JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+    # json.loads accepts NaN and Infinity; canonical_json then refuses them.
+    return canonical_json(value)
+
+
+def _stored_size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _quote(text: str) -> str:
+    return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
+
+
+class UnknownExecution(LookupError):
+    """No execution with that id is in the ledger."""
+
+
+class UnknownStep(LookupError):
+    """No step at that seq is in the ledger."""
+
+
+class InvalidTransition(ValueError):
+    """A status change that :data:`STATUS_TRANSITIONS` does not allow."""
+
+
+class LedgerClosed(RuntimeError):
+    """The ledger was used after :meth:`Ledger.close`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One run: what started it and where it stands."""
+
+    id: str
+    session: str
+    status: ExecutionStatus
+    # What started the run; the runtime stores the chat request here to re-run it.
+    request_json: str
+    error: str | None
+    created_at: float
+    updated_at: float
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One non-deterministic step of an execution, as recorded."""
+
+    execution_id: str
+    seq: int
+    kind: StepKind
+    name: str
+    input_json: str
+    resolution: Resolution
+    state: StepState
+    # Canonical JSON of the output; set when state == "applied".
+    result_json: str | None
+    # Canonical JSON of {"code", "message", "data"?}; set when state is "error" or "expired".
+    error_json: str | None
+    request_id: str | None
+    attempts: int
+    created_at: float
+    updated_at: float
+
+    def result(self) -> object:
+        """The recorded output; ValueError if the step was not applied."""
+        if self.result_json is None:
+            raise ValueError(
+                f"step {self.seq} of execution {self.execution_id} has no result "
+                f"(state {self.state!r})"
+            )
+        return json.loads(self.result_json)
+
+    def error(self) -> dict[str, object] | None:
+        """The recorded error ({"code", "message", "data"?}), or None."""
+        if self.error_json is None:
+            return None
+        return cast("dict[str, object]", json.loads(self.error_json))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a resolve or reject did. Stale, duplicate and oversize calls are outcomes, not errors.
+
+    ``not_pending`` covers both a duplicate (``step.state == "applied"``) and a
+    call settled otherwise (error, expired); ``step`` is the step as it stands
+    after the call, or None for ``not_found``.
+    """
+
+    ok: bool
+    reason: OutcomeReason
+    message: str
+    step: Step | None = None
+
+
+class Divergence(Exception):
+    """A replayed step asked for something other than what the ledger recorded at its seq."""
+
+    def __init__(self, recorded: Step, kind: StepKind, name: str, input_json: str) -> None:
+        self.recorded = recorded
+        self.kind = kind
+        self.name = name
+        self.input_json = input_json
+        super().__init__(
+            f"execution {recorded.execution_id} diverged at seq {recorded.seq}: recorded "
+            f"{recorded.kind} {recorded.name!r} with input {_quote(recorded.input_json)}, "
+            f"asked {kind} {name!r} with input {_quote(input_json)}"
+        )
+
+    @property
+    def execution_id(self) -> str:
+        return self.recorded.execution_id
+
+    @property
+    def seq(self) -> int:
+        return self.recorded.seq
+
+
+def check_replay(recorded: Step, kind: StepKind, name: str, input_json: str) -> None:
+    """Raise :class:`Divergence` unless the step asked for matches the record.
+
+    ``input_json`` is compared in canonical form, so key order and whitespace
+    do not matter. Resolution is not compared: whether a tool needs approval is
+    configuration, and changing it must not break runs already recorded.
+    """
+    asked_input = _canonicalize(input_json)
+    if (recorded.kind, recorded.name, recorded.input_json) != (kind, name, asked_input):
+        raise Divergence(recorded, kind, name, asked_input)
+
+
+def _prepare_input(name: str, input_json: str) -> str:
+    try:
+        canonical = _canonicalize(input_json)
+    except ValueError as exc:
+        raise ValueError(f"input of {name!r} is not valid JSON: {exc}") from exc
+    size = _stored_size(canonical)
+    if size > MAX_STORED_BYTES:
+        # Worded for the model: the runtime may hand this message to it as is.
+        raise ValueError(
+            f"input of {name!r} is {size:,} bytes as JSON; at most {MAX_STORED_BYTES:,} "
+            "bytes can be stored. Call it with a smaller input."
+        )
+    return canonical
+
+
+def _prepare_result(result_json: str) -> str | Outcome:
+    """Canonical result to store, or the refusing Outcome."""
+    try:
+        canonical = _canonicalize(result_json)
+    except ValueError as exc:
+        return Outcome(False, "invalid", f"result is not valid JSON: {exc}")
+    size = _stored_size(canonical)
+    if size > MAX_STORED_BYTES:
+        return Outcome(
+            False,
+            "too_large",
+            f"result is {size:,} bytes as JSON; at most {MAX_STORED_BYTES:,} bytes can be stored",
+        )
+    return canonical
+
+
+def _prepare_error(error_json: str) -> str | Outcome:
+    """Canonical error to store, or the refusing Outcome."""
+    try:
+        value = json.loads(error_json)
+        canonical = canonical_json(value)
+    except (ValueError, RecursionError) as exc:
+        return Outcome(False, "invalid", f"error is not valid JSON: {exc}")
+    if not (
+        isinstance(value, dict)
+        and isinstance(value.get("code"), str)
+        and isinstance(value.get("message"), str)
+    ):
+        return Outcome(
+            False, "invalid", 'error must be a JSON object with string "code" and "message"'
+        )
+    size = _stored_size(canonical)
+    if size > MAX_STORED_BYTES:
+        return Outcome(
+            False,
+            "too_large",
+            f"error is {size:,} bytes as JSON; at most {MAX_STORED_BYTES:,} bytes can be stored",
+        )
+    return canonical
+
+
+def _refusal(step: Step | None, execution_id: str, seq: int) -> Outcome | None:
+    """The Outcome for settling a step that is missing or already settled, else None."""
+    if step is None:
+        return Outcome(False, "not_found", f"no step {seq} in execution {execution_id}")
+    if step.state != "pending":
+        return Outcome(
+            False,
+            "not_pending",
+            f"step {seq} of execution {execution_id} is already {step.state}",
+            step,
+        )
+    return None
+
+
+def _check_statuses(statuses: Collection[ExecutionStatus] | None) -> None:
+    # A bare string is a Collection too, and "paused" would match "p", "a", ...
+    if isinstance(statuses, str):
+        raise TypeError(f"statuses must be a collection of statuses, not the string {statuses!r}")
+
+
+def _check_transition(execution: Execution, status: ExecutionStatus) -> None:
+    if status not in STATUS_TRANSITIONS[execution.status]:
+        raise InvalidTransition(
+            f"execution {execution.id} is {execution.status}; it cannot become {status}"
+        )
+
+
+def _closing_error(status: ExecutionStatus, ttl: float | None = None) -> tuple[StepState, str]:
+    """State and error JSON for the pending steps of an execution that finishes with ``status``."""
+    if status == "expired":
+        message = (
+            f"this call waited longer than its time to live ({ttl:g} s) and expired"
+            if ttl is not None
+            else "this call expired before it was resolved"
+        )
+        return "expired", canonical_json({"code": "expired", "message": message})
+    return "error", canonical_json(
+        {"code": "cancelled", "message": f"the run ended ({status}) before this call was resolved"}
+    )
+
+
+class Ledger(Protocol):
+    """What the runtime calls; :class:`SqliteLedger` and :class:`MemoryLedger` implement it."""
+
+    def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
+
+    def get_execution(self, execution_id: str) -> Execution | None: ...
+
+    def executions(
+        self,
+        statuses: Collection[ExecutionStatus] | None = None,
+        session: str | None = None,
+    ) -> list[Execution]: ...
+
+    def set_status(
+        self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
+    ) -> None: ...
+
+    def record_step(
+        self,
+        execution_id: str,
+        seq: int,
+        kind: StepKind,
+        name: str,
+        input_json: str,
+        resolution: Resolution,
+        now: float,
+        request_id: str | None = None,
+    ) -> Step: ...
+
+    def get_step(self, execution_id: str, seq: int) -> Step | None: ...
+
+    def step_by_request_id(self, request_id: str) -> Step | None: ...
+
+    def steps(self, execution_id: str) -> list[Step]: ...
+
+    def pending_steps(
+        self, session: str | None = None, resolution: Resolution | None = None
+    ) -> list[Step]: ...
+
+    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome: ...
+
+    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
+
+    def add_attempt(self, execution_id: str, seq: int, now: float) -> int: ...
+
+    def expire_paused(self, ttl: float, now: float) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- SQLite
+
+_SCHEMA = """
+CREATE TABLE executions (
+    id           TEXT PRIMARY KEY,
+    session      TEXT NOT NULL,
+    status       TEXT NOT NULL
+                 CHECK (status IN ('running', 'paused', 'completed', 'error', 'expired')),
+    request_json TEXT NOT NULL,
+    error        TEXT,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL
+);
+CREATE INDEX executions_by_status ON executions (status, updated_at);
+CREATE INDEX executions_by_session ON executions (session, status);
+
+CREATE TABLE steps (
+    execution_id TEXT NOT NULL REFERENCES executions (id) ON DELETE CASCADE,
+    seq          INTEGER NOT NULL CHECK (seq >= 0),
+    kind         TEXT NOT NULL CHECK (kind IN ('model', 'tool')),
+    name         TEXT NOT NULL,
+    input_json   TEXT NOT NULL,
+    resolution   TEXT NOT NULL CHECK (resolution IN ('client', 'approval', 'server')),
+    state        TEXT NOT NULL CHECK (state IN ('pending', 'applied', 'error', 'expired')),
+    result_json  TEXT,
+    error_json   TEXT,
+    request_id   TEXT,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    PRIMARY KEY (execution_id, seq)
+);
+-- Only pending steps are ever searched by state, and they are few.
+CREATE INDEX steps_pending ON steps (resolution, execution_id) WHERE state = 'pending';
+CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT NULL;
+"""
+
+_EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
+_STEP_COLUMNS = (
+    "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
+    "error_json, request_id, attempts, created_at, updated_at"
+)
+
+
+def _execution_from_row(row: tuple[object, ...]) -> Execution:
+    return Execution(*row)  # type: ignore[arg-type]
+
+
+def _step_from_row(row: tuple[object, ...]) -> Step:
+    return Step(*row)  # type: ignore[arg-type]
+
+
+class SqliteLedger:
+    """The ledger in one SQLite file (or ``":memory:"``).
+
+    Use it from one thread: the one that opened it (the event loop's). Every
+    write commits before returning, so a process killed right after a call
+    loses nothing that call acknowledged.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
+        # so a read-then-write cannot interleave with another process's write.
+        self._connection: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
+        try:
+            db = self._connection
+            db.execute("PRAGMA busy_timeout = 5000")
+            db.execute("PRAGMA journal_mode = WAL")
+            # In WAL mode NORMAL survives a killed process; only power loss may
+            # drop the last commits, a trade we take for not syncing on every step.
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except BaseException:
+            self.close()  # a half-opened ledger must not leak its connection
+            raise
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version == _SCHEMA_VERSION:
+                return
+            if version != 0:
+                raise RuntimeError(
+                    f"ledger schema version {version} is not supported "
+                    f"(this code knows version {_SCHEMA_VERSION})"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._connection is None:
+            raise LedgerClosed("the ledger is closed")
+        return self._connection
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def __enter__(self) -> SqliteLedger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    # executions
+
+    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+        _canonicalize(request_json)  # refuse what could not be re-run later
+        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
+        with self._write() as db:
+            db.execute(
+                f"INSERT INTO executions ({_EXECUTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                dataclasses.astuple(execution),
+            )
+        return execution
+
+    def get_execution(self, execution_id: str) -> Execution | None:
+        row = self._db.execute(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = ?", (execution_id,)
+        ).fetchone()
+        return None if row is None else _execution_from_row(row)
+
+    def executions(
+        self,
+        statuses: Collection[ExecutionStatus] | None = None,
+        session: str | None = None,
+    ) -> list[Execution]:
+        _check_statuses(statuses)
+        where: list[str] = []
+        params: list[object] = []
+        if statuses is not None:
+            if not statuses:
+                return []
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            params.extend(statuses)
+        if session is not None:
+            where.append("session = ?")
+            params.append(session)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._db.execute(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
+            params,
+        ).fetchall()
+        return [_execution_from_row(row) for row in rows]
+
+    def set_status(
+        self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
+    ) -> None:
+        with self._write() as db:
+            execution = self._execution_in(db, execution_id)
+            _check_transition(execution, status)
+            if execution.finished:
+                return  # same finished status again: nothing changes
+            db.execute(
+                "UPDATE executions SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                (status, error, now, execution_id),
+            )
+            if status in FINISHED_STATUSES:
+                self._settle_pending(db, execution_id, status, now, ttl=None)
+
+    def _execution_in(self, db: sqlite3.Connection, execution_id: str) -> Execution:
+        row = db.execute(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = ?", (execution_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownExecution(f"no execution {execution_id}")
+        return _execution_from_row(row)
+
+    def _settle_pending(
+        self,
+        db: sqlite3.Connection,
+        execution_id: str,
+        status: ExecutionStatus,
+        now: float,
+        ttl: float | None,
+    ) -> None:
+        state, error_json = _closing_error(status, ttl)
+        db.execute(
+            "UPDATE steps SET state = ?, error_json = ?, updated_at = ? "
+            "WHERE execution_id = ? AND state = 'pending'",
+            (state, error_json, now, execution_id),
+        )
+
+    def expire_paused(self, ttl: float, now: float) -> list[str]:
+        cutoff = now - ttl
+        with self._write() as db:
+            rows = db.execute(
+                "SELECT id FROM executions AS e WHERE updated_at < ? AND ("
+                " status = 'paused' OR (status = 'running' AND EXISTS ("
+                "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
+                " ORDER BY created_at, id",
+                (cutoff,),
+            ).fetchall()
+            expired = [row[0] for row in rows]
+            for execution_id in expired:
+                db.execute(
+                    "UPDATE executions SET status = 'expired', error = ?, updated_at = ? "
+                    "WHERE id = ?",
+                    (f"expired after {ttl:g} s without progress", now, execution_id),
+                )
+                self._settle_pending(db, execution_id, "expired", now, ttl)
+        return expired
+
+    # steps
+
+    def record_step(
+        self,
+        execution_id: str,
+        seq: int,
+        kind: StepKind,
+        name: str,
+        input_json: str,
+        resolution: Resolution,
+        now: float,
+        request_id: str | None = None,
+    ) -> Step:
+        if seq < 0:
+            raise ValueError(f"seq must be >= 0, not {seq}")
+        canonical_input = _prepare_input(name, input_json)
+        with self._write() as db:
+            self._execution_in(db, execution_id)
+            existing = self._step_in(db, execution_id, seq)
+            if existing is not None:
+                check_replay(existing, kind, name, canonical_input)
+                return existing
+            step = Step(
+                execution_id, seq, kind, name, canonical_input, resolution, "pending",
+                None, None, request_id, 0, now, now,
+            )  # fmt: skip
+            db.execute(
+                f"INSERT INTO steps ({_STEP_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dataclasses.astuple(step),
+            )
+            # A step recorded is progress: the run is not idle, so not expirable yet.
+            db.execute("UPDATE executions SET updated_at = ? WHERE id = ?", (now, execution_id))
+        return step
+
+    def _step_in(self, db: sqlite3.Connection, execution_id: str, seq: int) -> Step | None:
+        row = db.execute(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = ? AND seq = ?",
+            (execution_id, seq),
+        ).fetchone()
+        return None if row is None else _step_from_row(row)
+
+    def get_step(self, execution_id: str, seq: int) -> Step | None:
+        return self._step_in(self._db, execution_id, seq)
+
+    def step_by_request_id(self, request_id: str) -> Step | None:
+        row = self._db.execute(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE request_id = ? ORDER BY created_at LIMIT 1",
+            (request_id,),
+        ).fetchone()
+        return None if row is None else _step_from_row(row)
+
+    def steps(self, execution_id: str) -> list[Step]:
+        rows = self._db.execute(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = ? ORDER BY seq",
+            (execution_id,),
+        ).fetchall()
+        return [_step_from_row(row) for row in rows]
+
+    def pending_steps(
+        self, session: str | None = None, resolution: Resolution | None = None
+    ) -> list[Step]:
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_COLUMNS.split(","))
+        where = ["s.state = 'pending'", "e.status IN ('running', 'paused')"]
+        params: list[object] = []
+        if session is not None:
+            where.append("e.session = ?")
+            params.append(session)
+        if resolution is not None:
+            where.append("s.resolution = ?")
+            params.append(resolution)
+        rows = self._db.execute(
+            f"SELECT {columns} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
+            f"WHERE {' AND '.join(where)} ORDER BY s.created_at, s.execution_id, s.seq",
+            params,
+        ).fetchall()
+        return [_step_from_row(row) for row in rows]
+
+    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
+        return self._settle(execution_id, seq, "result", result_json, now)
+
+    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
+        return self._settle(execution_id, seq, "error", error_json, now)
+
+    def _settle(
+        self,
+        execution_id: str,
+        seq: int,
+        field: Literal["result", "error"],
+        value_json: str,
+        now: float,
+    ) -> Outcome:
+        with self._write() as db:
+            step = self._step_in(db, execution_id, seq)
+            refusal = _refusal(step, execution_id, seq)
+            if refusal is not None:
+                return refusal
+            assert step is not None
+            prepared = (
+                _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
+            )
+            if isinstance(prepared, Outcome):
+                return dataclasses.replace(prepared, step=step)
+            if field == "result":
+                settled = dataclasses.replace(
+                    step, state="applied", result_json=prepared, updated_at=now
+                )
+            else:
+                settled = dataclasses.replace(
+                    step, state="error", error_json=prepared, updated_at=now
+                )
+            db.execute(
+                "UPDATE steps SET state = ?, result_json = ?, error_json = ?, updated_at = ? "
+                "WHERE execution_id = ? AND seq = ?",
+                (
+                    settled.state, settled.result_json, settled.error_json, now,
+                    execution_id, seq,
+                ),
+            )  # fmt: skip
+            db.execute("UPDATE executions SET updated_at = ? WHERE id = ?", (now, execution_id))
+        return Outcome(True, "applied", f"step {seq} of execution {execution_id} settled", settled)
+
+    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE steps SET attempts = attempts + 1, updated_at = ? "
+                "WHERE execution_id = ? AND seq = ? RETURNING attempts",
+                (now, execution_id, seq),
+            ).fetchone()
+        if row is None:
+            raise UnknownStep(f"no step {seq} in execution {execution_id}")
+        return int(row[0])
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class MemoryLedger:
+    """The same ledger in dicts: nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._executions: dict[str, Execution] = {}
+        # execution id -> seq -> step
+        self._steps: dict[str, dict[int, Step]] = {}
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosed("the ledger is closed")
+
+    def __enter__(self) -> MemoryLedger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+
+    # executions
+
+    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+        self._check_open()
+        _canonicalize(request_json)
+        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
+        self._executions[execution.id] = execution
+        self._steps[execution.id] = {}
+        return execution
+
+    def get_execution(self, execution_id: str) -> Execution | None:
+        self._check_open()
+        return self._executions.get(execution_id)
+
+    def executions(
+        self,
+        statuses: Collection[ExecutionStatus] | None = None,
+        session: str | None = None,
+    ) -> list[Execution]:
+        self._check_open()
+        _check_statuses(statuses)
+        found = [
+            execution
+            for execution in self._executions.values()
+            if (statuses is None or execution.status in statuses)
+            and (session is None or execution.session == session)
+        ]
+        return sorted(found, key=lambda execution: (execution.created_at, execution.id))
+
+    def _execution(self, execution_id: str) -> Execution:
+        self._check_open()
+        execution = self._executions.get(execution_id)
+        if execution is None:
+            raise UnknownExecution(f"no execution {execution_id}")
+        return execution
+
+    def set_status(
+        self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
+    ) -> None:
+        execution = self._execution(execution_id)
+        _check_transition(execution, status)
+        if execution.finished:
+            return
+        self._executions[execution_id] = dataclasses.replace(
+            execution, status=status, error=error, updated_at=now
+        )
+        if status in FINISHED_STATUSES:
+            self._settle_pending(execution_id, status, now, ttl=None)
+
+    def _settle_pending(
+        self, execution_id: str, status: ExecutionStatus, now: float, ttl: float | None
+    ) -> None:
+        state, error_json = _closing_error(status, ttl)
+        steps = self._steps[execution_id]
+        for seq, step in steps.items():
+            if step.state == "pending":
+                steps[seq] = dataclasses.replace(
+                    step, state=state, error_json=error_json, updated_at=now
+                )
+
+    def expire_paused(self, ttl: float, now: float) -> list[str]:
+        self._check_open()
+        cutoff = now - ttl
+        expired = [
+            execution.id
+            for execution in self.executions(("paused", "running"))
+            if execution.updated_at < cutoff
+            and (
+                execution.status == "paused"
+                or any(step.state == "pending" for step in self._steps[execution.id].values())
+            )
+        ]
+        for execution_id in expired:
+            self._executions[execution_id] = dataclasses.replace(
+                self._executions[execution_id],
+                status="expired",
+                error=f"expired after {ttl:g} s without progress",
+                updated_at=now,
+            )
+            self._settle_pending(execution_id, "expired", now, ttl)
+        return expired
+
+    # steps
+
+    def record_step(
+        self,
+        execution_id: str,
+        seq: int,
+        kind: StepKind,
+        name: str,
+        input_json: str,
+        resolution: Resolution,
+        now: float,
+        request_id: str | None = None,
+    ) -> Step:
+        self._check_open()
+        if seq < 0:
+            raise ValueError(f"seq must be >= 0, not {seq}")
+        canonical_input = _prepare_input(name, input_json)
+        execution = self._execution(execution_id)
+        existing = self._steps[execution_id].get(seq)
+        if existing is not None:
+            check_replay(existing, kind, name, canonical_input)
+            return existing
+        step = Step(
+            execution_id, seq, kind, name, canonical_input, resolution, "pending",
+            None, None, request_id, 0, now, now,
+        )  # fmt: skip
+        self._steps[execution_id][seq] = step
+        self._executions[execution_id] = dataclasses.replace(execution, updated_at=now)
+        return step
+
+    def get_step(self, execution_id: str, seq: int) -> Step | None:
+        self._check_open()
+        return self._steps.get(execution_id, {}).get(seq)
+
+    def step_by_request_id(self, request_id: str) -> Step | None:
+        self._check_open()
+        found = [
+            step
+            for steps in self._steps.values()
+            for step in steps.values()
+            if step.request_id == request_id
+        ]
+        return min(found, key=lambda step: step.created_at, default=None)
+
+    def steps(self, execution_id: str) -> list[Step]:
+        self._check_open()
+        return sorted(self._steps.get(execution_id, {}).values(), key=lambda step: step.seq)
+
+    def pending_steps(
+        self, session: str | None = None, resolution: Resolution | None = None
+    ) -> list[Step]:
+        self._check_open()
+        found = [
+            step
+            for execution in self._executions.values()
+            if not execution.finished and (session is None or execution.session == session)
+            for step in self._steps[execution.id].values()
+            if step.state == "pending" and (resolution is None or step.resolution == resolution)
+        ]
+        return sorted(found, key=lambda step: (step.created_at, step.execution_id, step.seq))
+
+    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
+        self._check_open()
+        step = self.get_step(execution_id, seq)
+        refusal = _refusal(step, execution_id, seq)
+        if refusal is not None:
+            return refusal
+        assert step is not None
+        prepared = _prepare_result(result_json)
+        if isinstance(prepared, Outcome):
+            return dataclasses.replace(prepared, step=step)
+        settled = dataclasses.replace(step, state="applied", result_json=prepared, updated_at=now)
+        return self._store_settled(settled, now)
+
+    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
+        self._check_open()
+        step = self.get_step(execution_id, seq)
+        refusal = _refusal(step, execution_id, seq)
+        if refusal is not None:
+            return refusal
+        assert step is not None
+        prepared = _prepare_error(error_json)
+        if isinstance(prepared, Outcome):
+            return dataclasses.replace(prepared, step=step)
+        settled = dataclasses.replace(step, state="error", error_json=prepared, updated_at=now)
+        return self._store_settled(settled, now)
+
+    def _store_settled(self, settled: Step, now: float) -> Outcome:
+        execution_id, seq = settled.execution_id, settled.seq
+        self._steps[execution_id][seq] = settled
+        self._executions[execution_id] = dataclasses.replace(
+            self._executions[execution_id], updated_at=now
+        )
+        return Outcome(True, "applied", f"step {seq} of execution {execution_id} settled", settled)
+
+    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+        self._check_open()
+        step = self.get_step(execution_id, seq)
+        if step is None:
+            raise UnknownStep(f"no step {seq} in execution {execution_id}")
+        updated = dataclasses.replace(step, attempts=step.attempts + 1, updated_at=now)
+        self._steps[execution_id][seq] = updated
+        return updated.attempts

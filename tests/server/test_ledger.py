@@ -1,0 +1,631 @@
+"""The ledger (rule S8): SqliteLedger and MemoryLedger pass the same tests, so behave the same."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clienttools_server.ledger import (
+    MAX_STORED_BYTES,
+    Divergence,
+    InvalidTransition,
+    Ledger,
+    LedgerClosed,
+    MemoryLedger,
+    SqliteLedger,
+    UnknownExecution,
+    UnknownStep,
+    canonical_json,
+    check_replay,
+)
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+T0 = 1_700_000_000.0
+
+LedgerFactory = Callable[[], Ledger]
+
+
+def _factories(tmp_path: Path) -> dict[str, LedgerFactory]:
+    return {
+        "sqlite": lambda: SqliteLedger(tmp_path / "ledger.sqlite3"),
+        "memory": MemoryLedger,
+    }
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    opened = _factories(tmp_path)[request.param]()
+    yield opened
+    opened.close()
+
+
+def _tool_step(ledger: Ledger, session: str = "chat-1") -> tuple[str, int]:
+    """A running execution with one pending client tool call at seq 0."""
+    execution = ledger.start_execution(session, '{"messages":[]}', now=T0)
+    ledger.record_step(execution.id, 0, "tool", "get_location", '{"precise":true}', "client", T0)
+    return execution.id, 0
+
+
+# --------------------------------------------------------------------------- canonical JSON
+
+
+def test_canonical_json_sorts_keys_without_whitespace() -> None:
+    assert (
+        canonical_json({"b": 1, "a": {"d": [1, 2], "c": None}})
+        == '{"a":{"c":null,"d":[1,2]},"b":1}'
+    )
+
+
+def test_canonical_json_keeps_non_ascii() -> None:
+    assert canonical_json({"city": "Zürich"}) == '{"city":"Zürich"}'
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, {"x": [math.nan]}])
+def test_canonical_json_refuses_nan_and_infinity(value: object) -> None:
+    with pytest.raises(ValueError):
+        canonical_json(value)
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), b"bytes", {"f": print}])
+def test_canonical_json_refuses_non_json_values(value: object) -> None:
+    with pytest.raises(ValueError, match="not a JSON value"):
+        canonical_json(value)
+
+
+# --------------------------------------------------------------------------- executions
+
+
+def test_start_and_get_execution(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", '{"messages":[1]}', now=T0)
+    assert len(execution.id) == 32 and int(execution.id, 16) >= 0
+    assert execution.status == "running"
+    assert execution.session == "chat-1"
+    assert execution.request_json == '{"messages":[1]}'
+    assert execution.error is None
+    assert execution.created_at == execution.updated_at == T0
+    assert ledger.get_execution(execution.id) == execution
+    assert ledger.get_execution("nope") is None
+
+
+def test_execution_ids_are_unique(ledger: Ledger) -> None:
+    ids = {ledger.start_execution("chat-1", "{}", now=T0).id for _ in range(50)}
+    assert len(ids) == 50
+
+
+def test_start_execution_refuses_invalid_request_json(ledger: Ledger) -> None:
+    with pytest.raises(ValueError):
+        ledger.start_execution("chat-1", "{not json", now=T0)
+
+
+def test_executions_filters_by_status_and_session(ledger: Ledger) -> None:
+    first = ledger.start_execution("chat-1", "{}", now=T0)
+    second = ledger.start_execution("chat-2", "{}", now=T0 + 1)
+    third = ledger.start_execution("chat-1", "{}", now=T0 + 2)
+    ledger.set_status(second.id, "paused", now=T0 + 3)
+    ledger.set_status(third.id, "completed", now=T0 + 4)
+
+    assert [e.id for e in ledger.executions()] == [first.id, second.id, third.id]
+    assert [e.id for e in ledger.executions(["running", "paused"])] == [first.id, second.id]
+    assert [e.id for e in ledger.executions(session="chat-1")] == [first.id, third.id]
+    assert [e.id for e in ledger.executions({"completed"}, session="chat-1")] == [third.id]
+    assert ledger.executions(["expired"]) == []
+    assert ledger.executions([]) == []
+
+
+def test_executions_refuses_a_bare_string(ledger: Ledger) -> None:
+    with pytest.raises(TypeError):
+        ledger.executions("paused")  # type: ignore[arg-type]
+
+
+def test_set_status_records_status_error_and_time(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.set_status(execution.id, "paused", now=T0 + 5)
+    paused = ledger.get_execution(execution.id)
+    assert paused is not None
+    assert (paused.status, paused.updated_at, paused.created_at) == ("paused", T0 + 5, T0)
+
+    ledger.set_status(execution.id, "running", now=T0 + 6)
+    ledger.set_status(execution.id, "error", now=T0 + 7, error="model unavailable")
+    failed = ledger.get_execution(execution.id)
+    assert failed is not None
+    assert (failed.status, failed.error, failed.updated_at) == (
+        "error",
+        "model unavailable",
+        T0 + 7,
+    )
+
+
+def test_finished_execution_does_not_come_back(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.set_status(execution.id, "completed", now=T0 + 1)
+    with pytest.raises(InvalidTransition, match="completed"):
+        ledger.set_status(execution.id, "running", now=T0 + 2)
+    # The same finished status again is a no-op, not an error.
+    ledger.set_status(execution.id, "completed", now=T0 + 3)
+    done = ledger.get_execution(execution.id)
+    assert done is not None and done.updated_at == T0 + 1
+
+
+def test_set_status_of_unknown_execution_raises(ledger: Ledger) -> None:
+    with pytest.raises(UnknownExecution):
+        ledger.set_status("nope", "paused", now=T0)
+
+
+def test_finishing_an_execution_settles_its_pending_steps(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.set_status(execution_id, "completed", now=T0 + 1)
+
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "error"
+    error = step.error()
+    assert error is not None and error["code"] == "cancelled"
+    # A late result for it is refused: the runtime answers "stale".
+    outcome = ledger.resolve(execution_id, seq, "{}", now=T0 + 2)
+    assert (outcome.ok, outcome.reason) == (False, "not_pending")
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def test_record_step_creates_a_pending_step(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    step = ledger.record_step(
+        execution.id, 0, "tool", "search", '{ "q": "x", "limit": 3 }', "client", T0 + 1, "req-1"
+    )
+    assert step.state == "pending"
+    assert step.input_json == '{"limit":3,"q":"x"}'  # stored canonical
+    assert (step.kind, step.name, step.resolution, step.request_id) == (
+        "tool",
+        "search",
+        "client",
+        "req-1",
+    )
+    assert (step.result_json, step.error_json, step.attempts) == (None, None, 0)
+    assert step.created_at == step.updated_at == T0 + 1
+    assert ledger.get_step(execution.id, 0) == step
+    assert ledger.get_step(execution.id, 1) is None
+    assert ledger.step_by_request_id("req-1") == step
+    assert ledger.step_by_request_id("req-2") is None
+
+
+def test_record_step_is_idempotent_on_replay(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    first = ledger.record_step(execution.id, 0, "tool", "search", '{"a":1,"b":2}', "client", T0)
+    ledger.resolve(execution.id, 0, '{"hits":[]}', now=T0 + 1)
+
+    # Replay an hour later, keys in another order: the recorded step, unchanged.
+    replayed = ledger.record_step(
+        execution.id, 0, "tool", "search", '{"b":2, "a":1}', "client", T0 + HOUR, "req-new"
+    )
+    assert replayed.state == "applied"
+    assert replayed.result() == {"hits": []}
+    assert replayed.created_at == first.created_at
+    assert replayed.request_id is None
+    assert len(ledger.steps(execution.id)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "input_json"),
+    [
+        ("tool", "search", '{"q":"y"}'),
+        ("tool", "lookup", '{"q":"x"}'),
+        ("model", "search", '{"q":"x"}'),
+    ],
+    ids=["different-input", "different-name", "different-kind"],
+)
+def test_record_step_raises_divergence(
+    ledger: Ledger, kind: str, name: str, input_json: str
+) -> None:
+    recorded_input = '{"q":"x"}'
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.record_step(execution.id, 0, "model", "gpt", '{"turn":0}', "server", T0)
+    ledger.record_step(execution.id, 1, "tool", "search", '{"q":"x"}', "client", T0)
+
+    with pytest.raises(Divergence) as raised:
+        ledger.record_step(execution.id, 1, kind, name, input_json, "client", T0)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert execution.id in message
+    assert "seq 1" in message
+    assert f"recorded tool 'search' with input {recorded_input}" in message
+    assert f"asked {kind} {name!r} with input {input_json}" in message
+    assert (raised.value.execution_id, raised.value.seq) == (execution.id, 1)
+    # The record is untouched.
+    step = ledger.get_step(execution.id, 1)
+    assert step is not None and (step.kind, step.name, step.input_json) == (
+        "tool",
+        "search",
+        '{"q":"x"}',
+    )
+
+
+def test_check_replay_compares_canonical_input(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    step = ledger.record_step(execution.id, 0, "tool", "t", '{"a":1,"b":[1,2]}', "client", T0)
+    check_replay(step, "tool", "t", '{ "b": [1, 2], "a": 1 }')
+    with pytest.raises(Divergence):
+        check_replay(step, "tool", "t", '{"a":1,"b":[2,1]}')
+
+
+def test_divergence_message_is_short_for_huge_inputs(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    big = json.dumps({"text": "x" * 100_000})
+    ledger.record_step(execution.id, 0, "tool", "t", big, "client", T0)
+    with pytest.raises(Divergence) as raised:
+        ledger.record_step(execution.id, 0, "tool", "t", '{"text":"y"}', "client", T0)
+    assert len(str(raised.value)) < 1000
+
+
+def test_record_step_refuses_oversize_input(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    huge = json.dumps({"text": "x" * MAX_STORED_BYTES})
+    with pytest.raises(ValueError, match=r"at most 1,000,000 bytes") as raised:
+        ledger.record_step(execution.id, 0, "tool", "upload", huge, "client", T0)
+    assert "'upload'" in str(raised.value)
+    assert ledger.get_step(execution.id, 0) is None
+
+
+def test_record_step_refuses_invalid_input_and_unknown_execution(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ledger.record_step(execution.id, 0, "tool", "t", "{oops", "client", T0)
+    with pytest.raises(ValueError, match="seq"):
+        ledger.record_step(execution.id, -1, "tool", "t", "{}", "client", T0)
+    with pytest.raises(UnknownExecution):
+        ledger.record_step("nope", 0, "tool", "t", "{}", "client", T0)
+
+
+def test_steps_are_ordered_by_seq(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    for seq in (2, 0, 1):
+        ledger.record_step(execution.id, seq, "tool", f"t{seq}", "{}", "server", T0)
+    assert [step.seq for step in ledger.steps(execution.id)] == [0, 1, 2]
+    assert ledger.steps("nope") == []
+
+
+def test_pending_steps_filters_session_resolution_and_finished_runs(ledger: Ledger) -> None:
+    one = ledger.start_execution("chat-1", "{}", now=T0)
+    two = ledger.start_execution("chat-2", "{}", now=T0)
+    done = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.record_step(one.id, 0, "tool", "a", "{}", "client", T0 + 1)
+    ledger.record_step(one.id, 1, "tool", "b", "{}", "approval", T0 + 2)
+    ledger.record_step(two.id, 0, "tool", "c", "{}", "client", T0 + 3)
+    ledger.record_step(done.id, 0, "tool", "d", "{}", "client", T0 + 4)
+    ledger.record_step(one.id, 2, "tool", "e", "{}", "client", T0 + 5)
+    ledger.resolve(one.id, 2, "1", now=T0 + 6)
+    ledger.set_status(two.id, "paused", now=T0 + 7)
+    ledger.set_status(done.id, "completed", now=T0 + 8)
+
+    assert [s.name for s in ledger.pending_steps()] == ["a", "b", "c"]
+    assert [s.name for s in ledger.pending_steps(session="chat-1")] == ["a", "b"]
+    assert [s.name for s in ledger.pending_steps(resolution="client")] == ["a", "c"]
+    assert [s.name for s in ledger.pending_steps("chat-2", "approval")] == []
+
+
+# --------------------------------------------------------------------------- resolve / reject
+
+
+def test_resolve_applies_a_pending_step(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    outcome = ledger.resolve(execution_id, seq, '{"lon": 13.4, "lat": 52.5}', now=T0 + 1)
+    assert (outcome.ok, outcome.reason) == (True, "applied")
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None
+    assert outcome.step == step
+    assert step.state == "applied"
+    assert step.result_json == '{"lat":52.5,"lon":13.4}'
+    assert step.result() == {"lat": 52.5, "lon": 13.4}
+    assert step.error() is None
+    assert step.updated_at == T0 + 1
+
+
+def test_resolve_twice_is_not_pending(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.resolve(execution_id, seq, "1", now=T0 + 1)
+    duplicate = ledger.resolve(execution_id, seq, "2", now=T0 + 2)
+    assert (duplicate.ok, duplicate.reason) == (False, "not_pending")
+    # The runtime tells "duplicate" from "stale" by the step's state.
+    assert duplicate.step is not None and duplicate.step.state == "applied"
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.result() == 1
+
+
+def test_resolve_unknown_step_is_not_found(ledger: Ledger) -> None:
+    execution_id, _ = _tool_step(ledger)
+    for outcome in (
+        ledger.resolve(execution_id, 7, "1", now=T0),
+        ledger.resolve("nope", 0, "1", now=T0),
+        ledger.reject("nope", 0, '{"code":"x","message":"y"}', now=T0),
+    ):
+        assert (outcome.ok, outcome.reason, outcome.step) == (False, "not_found", None)
+        assert outcome.message
+
+
+def test_reject_applies_an_error(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    error = {"code": "tool_error", "message": "boom", "data": {"exception": "RuntimeError"}}
+    outcome = ledger.reject(execution_id, seq, json.dumps(error), now=T0 + 1)
+    assert (outcome.ok, outcome.reason) == (True, "applied")
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "error"
+    assert step.error() == error
+    assert step.result_json is None
+    with pytest.raises(ValueError, match="no result"):
+        step.result()
+
+
+def test_reject_after_resolve_is_not_pending(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.resolve(execution_id, seq, '"ok"', now=T0 + 1)
+    outcome = ledger.reject(execution_id, seq, '{"code":"timeout","message":"late"}', now=T0 + 2)
+    assert (outcome.ok, outcome.reason) == (False, "not_pending")
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "applied" and step.result() == "ok"
+
+
+def test_resolve_after_reject_is_not_pending(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.reject(execution_id, seq, '{"code":"timeout","message":"too slow"}', now=T0 + 1)
+    outcome = ledger.resolve(execution_id, seq, "1", now=T0 + 2)
+    assert (outcome.ok, outcome.reason) == (False, "not_pending")
+    assert outcome.step is not None and outcome.step.state == "error"
+
+
+def test_too_large_result_leaves_the_step_pending(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    huge = json.dumps("x" * MAX_STORED_BYTES)  # MAX + 2 bytes with the quotes
+    outcome = ledger.resolve(execution_id, seq, huge, now=T0 + 1)
+    assert (outcome.ok, outcome.reason) == (False, "too_large")
+    assert "1,000,000" in outcome.message
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "pending"
+    # The call can still be settled, for instance with output_too_large.
+    rejected = ledger.reject(
+        execution_id, seq, '{"code":"output_too_large","message":"too big"}', now=T0 + 2
+    )
+    assert rejected.ok
+
+
+def test_size_is_measured_in_utf8_bytes_of_the_canonical_form(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    # Whitespace does not count: canonical form is exactly the limit.
+    padded = '[  "' + "x" * (MAX_STORED_BYTES - 4) + '"  ]'
+    assert ledger.resolve(execution_id, seq, padded, now=T0).reason == "applied"
+
+    execution_id, seq = _tool_step(ledger)
+    # Under the limit in characters, over it in UTF-8 bytes.
+    accented = json.dumps("é" * (MAX_STORED_BYTES // 2), ensure_ascii=False)
+    assert ledger.resolve(execution_id, seq, accented, now=T0).reason == "too_large"
+
+
+@pytest.mark.parametrize("bad", ["{oops", "", "NaN", "[Infinity]", "1e999", "[" * 100_000])
+def test_invalid_result_json_is_invalid(ledger: Ledger, bad: str) -> None:
+    execution_id, seq = _tool_step(ledger)
+    outcome = ledger.resolve(execution_id, seq, bad, now=T0 + 1)
+    assert (outcome.ok, outcome.reason) == (False, "invalid")
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "pending"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["{oops", '"just a string"', '{"code":"x"}', '{"message":"y"}', '{"code":1,"message":"y"}'],
+)
+def test_invalid_error_json_is_invalid(ledger: Ledger, bad: str) -> None:
+    execution_id, seq = _tool_step(ledger)
+    outcome = ledger.reject(execution_id, seq, bad, now=T0 + 1)
+    assert (outcome.ok, outcome.reason) == (False, "invalid")
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "pending"
+
+
+def test_resolve_keeps_the_execution_from_expiring(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.resolve(execution_id, seq, "1", now=T0 + HOUR)
+    execution = ledger.get_execution(execution_id)
+    assert execution is not None and execution.updated_at == T0 + HOUR
+
+
+# --------------------------------------------------------------------------- attempts
+
+
+def test_add_attempt_counts_deliveries(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    assert ledger.add_attempt(execution_id, seq, now=T0 + 1) == 1
+    assert ledger.add_attempt(execution_id, seq, now=T0 + 2) == 2
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.attempts == 2 and step.state == "pending"
+    with pytest.raises(UnknownStep):
+        ledger.add_attempt(execution_id, 9, now=T0)
+
+
+# --------------------------------------------------------------------------- expiry
+
+
+def test_paused_run_expires_after_its_ttl(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    ledger.set_status(execution_id, "paused", now=T0)
+
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 1.0) == []  # not yet: strictly older
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 1.5) == [execution_id]
+
+    execution = ledger.get_execution(execution_id)
+    assert execution is not None and execution.status == "expired" and execution.error
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "expired"
+    error = step.error()
+    assert error is not None and error["code"] == "expired" and error["message"]
+    assert ledger.pending_steps() == []
+    assert ledger.resolve(execution_id, seq, "1", now=T0 + 2).reason == "not_pending"
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 10) == []  # once only
+
+
+def test_hour_old_paused_run_survives_a_day_ttl(ledger: Ledger) -> None:
+    execution_id, _ = _tool_step(ledger)
+    ledger.set_status(execution_id, "paused", now=T0)
+    assert ledger.expire_paused(ttl=DAY, now=T0 + HOUR) == []
+    execution = ledger.get_execution(execution_id)
+    assert execution is not None and execution.status == "paused"
+    assert len(ledger.pending_steps()) == 1
+    assert ledger.expire_paused(ttl=DAY, now=T0 + DAY + 1) == [execution_id]
+
+
+def test_expiry_covers_running_runs_waiting_on_a_step_only(ledger: Ledger) -> None:
+    waiting, _ = _tool_step(ledger)  # running, one pending step
+    busy = ledger.start_execution("chat-1", "{}", now=T0)  # running, nothing pending
+    finished = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.set_status(finished.id, "completed", now=T0)
+
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 5) == [waiting]
+    assert [e.id for e in ledger.executions(["running"])] == [busy.id]
+    completed = ledger.get_execution(finished.id)
+    assert completed is not None and completed.status == "completed"
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def test_sqlite_ledger_keeps_everything_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    before = SqliteLedger(path)
+    execution = before.start_execution("chat-1", '{"messages":["hi"]}', now=T0)
+    before.record_step(execution.id, 0, "model", "scripted", '{"turn":0}', "server", T0)
+    before.resolve(execution.id, 0, '{"text":"calling a tool"}', now=T0 + 1)
+    before.record_step(execution.id, 1, "tool", "get_location", "{}", "client", T0 + 2, "req-1")
+    before.add_attempt(execution.id, 1, now=T0 + 2)
+    before.set_status(execution.id, "paused", now=T0 + 3)
+    executions_before = before.executions()
+    steps_before = before.steps(execution.id)
+    before.close()
+
+    after = SqliteLedger(path)
+    try:
+        assert after.executions() == executions_before
+        assert after.steps(execution.id) == steps_before
+        assert [s.request_id for s in after.pending_steps(resolution="client")] == ["req-1"]
+        # Replay after the restart: same steps give back the records.
+        model = after.record_step(execution.id, 0, "model", "scripted", '{"turn":0}', "server", T0)
+        assert model.result() == {"text": "calling a tool"}
+        assert after.resolve(execution.id, 1, '{"lat":1}', now=T0 + 4).ok
+    finally:
+        after.close()
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from clienttools_server.ledger import SqliteLedger
+
+ledger = SqliteLedger(sys.argv[1])
+execution = ledger.start_execution("chat-1", "{}", now=1.0)
+ledger.record_step(execution.id, 0, "tool", "get_location", "{}", "client", 2.0)
+ledger.resolve(execution.id, 0, '{"lat":52.5}', now=3.0)
+ledger.record_step(execution.id, 1, "tool", "get_time", "{}", "client", 4.0)
+print(execution.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close, no atexit, no flush of anything else
+"""
+
+
+def test_sqlite_ledger_loses_nothing_acknowledged_when_killed(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    execution_id = killed.stdout.strip()
+
+    with SqliteLedger(path) as reopened:
+        steps = reopened.steps(execution_id)
+        assert [(s.seq, s.state) for s in steps] == [(0, "applied"), (1, "pending")]
+        assert steps[0].result() == {"lat": 52.5}
+        assert [s.name for s in reopened.pending_steps()] == ["get_time"]
+
+
+def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    SqliteLedger(path).close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+    raw.close()
+
+
+def test_sqlite_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(RuntimeError, match="99"):
+        SqliteLedger(path)
+
+
+def test_sqlite_ledger_works_in_memory() -> None:
+    with SqliteLedger(":memory:") as in_memory:
+        execution_id, seq = _tool_step(in_memory)
+        assert in_memory.resolve(execution_id, seq, "1", now=T0).ok
+
+
+def test_a_closed_ledger_refuses_calls(ledger: Ledger) -> None:
+    ledger.close()
+    ledger.close()  # closing twice is fine
+    with pytest.raises(LedgerClosed):
+        ledger.executions()
+    with pytest.raises(LedgerClosed):
+        ledger.start_execution("chat-1", "{}", now=T0)
+
+
+# --------------------------------------------------------------------------- property
+
+settle_call = st.tuples(
+    st.sampled_from(["resolve", "reject"]),
+    st.one_of(
+        st.just("1"),
+        st.just('{"code":"tool_error","message":"boom"}'),
+        st.just("{oops"),
+        st.just('"' + "x" * MAX_STORED_BYTES + '"'),
+        st.text(max_size=20),
+    ),
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(settle_call, max_size=8))
+def test_a_step_is_settled_at_most_once(kind: str, calls: list[tuple[str, str]]) -> None:
+    opened: Ledger = SqliteLedger(":memory:") if kind == "sqlite" else MemoryLedger()
+    try:
+        execution_id, seq = _tool_step(opened)
+        applied: list[tuple[str, str]] = []
+        for number, (method, payload) in enumerate(calls):
+            settle = opened.resolve if method == "resolve" else opened.reject
+            outcome = settle(execution_id, seq, payload, T0 + number)
+            if outcome.ok:
+                applied.append((method, payload))
+            else:
+                assert outcome.reason in {"not_pending", "too_large", "invalid"}
+        assert len(applied) <= 1
+        step = opened.get_step(execution_id, seq)
+        assert step is not None
+        if not applied:
+            assert step.state == "pending"
+        elif applied[0][0] == "resolve":
+            assert step.state == "applied"
+            assert step.result() == json.loads(applied[0][1])
+        else:
+            assert step.state == "error"
+            assert step.error() == json.loads(applied[0][1])
+    finally:
+        opened.close()
