@@ -1,0 +1,930 @@
+"""Tools from plain functions: schema, input validation, output serialization.
+
+A `ToolRegistry` turns annotated functions into `Tool`s. Everything a tool needs
+at call time (the input model, the output adapter, the JSON schemas, the wire
+`ToolSpec`) is built once, at registration, so an invoke costs one pydantic
+validation, the call and one serialization.
+
+    >>> registry = ToolRegistry()
+    >>> @registry.tool
+    ... def add(a: int, b: int = 1) -> int:
+    ...     '''Add two integers.
+    ...
+    ...     Args:
+    ...         a: The first addend.
+    ...         b: The second addend.
+    ...     '''
+    ...     return a + b
+    >>> tool = registry.get("add")
+    >>> tool.spec.description, tool.spec.input_schema["required"]
+    ('Add two integers.', ['a'])
+    >>> kwargs = tool.validate_input({"a": 2})
+    >>> tool.dump_output(tool.call(kwargs, context=None))  # no ToolContext parameter
+    3
+
+How a function becomes a tool:
+
+- Name: `name=` or the function's `__name__`; it must match the protocol's
+  `TOOL_NAME_PATTERN`. Description: `description=` or the first paragraph of the
+  docstring.
+- Every parameter needs a type annotation pydantic can validate (primitives,
+  lists, dicts, pydantic models, dataclasses, TypedDicts, enums, Literals, ...).
+  A parameter with a default is optional (not in `required`). Its description is
+  `Annotated[T, Field(description=...)]` if given, else its entry in a
+  Google-style `Args:` section of the docstring.
+- A parameter annotated `ToolContext` (or `ToolContext | None`, so the function
+  stays callable without one) receives the call's context and is left out of
+  the schema. It is always given a context, never None.
+- `*args`, `**kwargs`, positional-only parameters, missing annotations,
+  generator functions and unknown types are refused when the tool is
+  registered (`TypeError`, with a message that says how to fix the function).
+- The return annotation becomes `outputSchema`: none when the function has no
+  return annotation or returns `Any`/`object`/`None`. The returned value is
+  validated against the annotation, when there is one, and dumped to JSON-ready
+  Python data.
+
+Running tools: `Tool.call` calls the function inline and returns its result,
+or, for an `async def` tool, the coroutine for the caller to run. Pyodide's
+main thread has no thread pool, so a sync tool blocks the page's event loop
+until it returns and cannot be cancelled or timed out while it runs; only async
+tools can be cancelled (asyncio cancellation at their next `await`). Long work
+belongs in an `async def` that awaits now and then, e.g. `ctx.progress(...)`.
+
+Annotations are resolved with `typing.get_type_hints`, so
+`from __future__ import annotations` works. For a function defined inside
+another function, names local to the enclosing function are found while that
+function is still running (the usual case: the decorator runs there); a name
+defined only after the tool is registered cannot be resolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from typing import Annotated, Any, Final, TypeVar, Union, overload
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
+from pydantic.fields import FieldInfo
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import PydanticSerializationError
+
+from . import protocol
+
+__all__ = [
+    "InvalidInput",
+    "InvalidOutput",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "error_info",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME_RE: Final = re.compile(protocol.TOOL_NAME_PATTERN)
+# Enough errors for the model to fix its call; more only makes the message long.
+_ERRORS_IN_MESSAGE: Final = 5
+
+
+# --- errors -------------------------------------------------------------------------
+
+
+class ToolError(Exception):
+    """Raise from a tool to send the model a readable error (code `tool_error`).
+
+    `data` travels to the model as the error's `data`; it must be JSON (checked
+    here, so a mistake shows up where it is made, not when the result is sent).
+
+        >>> ToolError("no such city", data={"city": "Atlantis"}).data
+        {'city': 'Atlantis'}
+    """
+
+    def __init__(self, message: str, data: JsonValue = None) -> None:
+        try:
+            json.dumps(data, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"ToolError data must be JSON-serializable: {exc}") from None
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class InvalidInput(Exception):
+    """The input failed the tool's schema (code `invalid_input`); the tool did not run.
+
+    `errors` are pydantic's errors without documentation URLs, made JSON-safe, with
+    `loc` naming parameters as the model knows them.
+    """
+
+    def __init__(self, message: str, errors: list[dict[str, JsonValue]]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errors = errors
+
+
+class InvalidOutput(Exception):
+    """The return value could not be serialized or failed the return annotation.
+
+    Code `invalid_output`; `str()` names the offending type or the schema failure.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _Unserializable(Exception):
+    """Raised by the serializer fallback so the error can name the offending type."""
+
+    def __init__(self, value: object) -> None:
+        self.type_name = type(value).__name__
+        # Pyodide wraps JS values in JsProxy subclasses; the JS constructor's name
+        # ("HTMLBodyElement") tells the developer far more than the proxy class.
+        self.is_js = any(cls.__name__ == "JsProxy" for cls in type(value).__mro__)
+        self.js_constructor: str | None = None
+        if self.is_js:
+            try:
+                self.js_constructor = str(value.constructor.name)  # type: ignore[attr-defined]
+            except Exception:
+                self.js_constructor = None
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        if not self.is_js:
+            return f"an object of type {self.type_name!r}"
+        of = f" of a JavaScript {self.js_constructor}" if self.js_constructor else ""
+        return f"a JsProxy{of} (type {self.type_name!r})"
+
+
+def _refuse_unknown(value: Any) -> Any:
+    # Pydantic calls this only for types it cannot serialize by itself (JS proxies,
+    # DOM nodes, sockets, ...); its own message does not say what to do instead.
+    raise _Unserializable(value)
+
+
+def error_info(exc: BaseException) -> protocol.ToolErrorInfo:
+    """The wire error for an exception raised by validating, running or dumping a tool.
+
+    `ToolError` keeps its message and data; `InvalidInput` sends its errors as
+    `data`; any other exception becomes `tool_error` with `data.exception` naming
+    its type (C6).
+    """
+    if isinstance(exc, ToolError):
+        return protocol.ToolErrorInfo(code="tool_error", message=exc.message, data=exc.data)
+    if isinstance(exc, InvalidInput):
+        errors: list[JsonValue] = list(exc.errors)
+        return protocol.ToolErrorInfo(code="invalid_input", message=exc.message, data=errors)
+    if isinstance(exc, InvalidOutput):
+        return protocol.ToolErrorInfo(code="invalid_output", message=exc.message)
+    name = type(exc).__name__
+    return protocol.ToolErrorInfo(
+        code="tool_error", message=str(exc) or name, data={"exception": name}
+    )
+
+
+# --- context ------------------------------------------------------------------------
+
+
+class ToolContext:
+    """Injected into a tool that has a parameter annotated `ToolContext`.
+
+    The parameter is left out of the tool's schema. `progress()` reports
+    progress to the server (C10: strictly increasing per call).
+    """
+
+    __slots__ = (
+        "_attempt",
+        "_last_progress",
+        "_report_progress",
+        "_request_id",
+        "_tool_call_id",
+        "_tool_name",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        tool_call_id: str,
+        tool_name: str,
+        attempt: int,
+        report_progress: Callable[[float, float | None, str | None], None],
+    ) -> None:
+        self._request_id = request_id
+        self._tool_call_id = tool_call_id
+        self._tool_name = tool_name
+        self._attempt = attempt
+        self._report_progress = report_progress
+        self._last_progress: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    @property
+    def tool_call_id(self) -> str:
+        return self._tool_call_id
+
+    @property
+    def tool_name(self) -> str:
+        return self._tool_name
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first delivery of this call, +1 on each re-delivery after a reconnect."""
+        return self._attempt
+
+    @property
+    def last_progress(self) -> float | None:
+        """The last progress value reported, None before the first report."""
+        return self._last_progress
+
+    async def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress, then yield to the event loop once so the frame can go out.
+
+        Raises ValueError if `progress` is not strictly greater than the last
+        value reported for this call (protocol rule C10), or is not finite.
+        """
+        if not math.isfinite(progress):
+            raise ValueError(f"progress must be a finite number, got {progress!r}")
+        if total is not None and not math.isfinite(total):
+            raise ValueError(f"total must be a finite number or None, got {total!r}")
+        last = self._last_progress
+        if last is not None and progress <= last:
+            raise ValueError(
+                f"progress must be strictly greater than the last reported value "
+                f"(protocol rule C10): got {progress!r} after {last!r}"
+            )
+        self._last_progress = progress
+        self._report_progress(progress, total, message)
+        await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolContext(tool_name={self._tool_name!r}, request_id={self._request_id!r}, "
+            f"attempt={self._attempt})"
+        )
+
+
+# --- schema generation ---------------------------------------------------------------
+
+
+class _ToolJsonSchema(GenerateJsonSchema):
+    """Pydantic's JSON schema without per-field titles.
+
+    A title like "User Id" next to the property `user_id` only costs the model
+    tokens; model and enum titles (in `$defs`) stay, they name the types.
+    """
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def _unwrap_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    if typing.get_origin(tp) is Annotated:
+        args = typing.get_args(tp)
+        return args[0], tuple(args[1:])
+    return tp, ()
+
+
+def _is_context_annotation(tp: Any) -> bool:
+    """`ToolContext`, `ToolContext | None` or `Optional[ToolContext]`, maybe `Annotated`."""
+    tp, _ = _unwrap_annotated(tp)
+    if tp is ToolContext:
+        return True
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        return len(rest) == 1 and _unwrap_annotated(rest[0])[0] is ToolContext
+    return False
+
+
+def _mentions_context(tp: Any) -> bool:
+    if tp is ToolContext:
+        return True
+    return any(_mentions_context(arg) for arg in typing.get_args(tp))
+
+
+_SECTION_RE: Final = re.compile(r"^([A-Z][A-Za-z ]*):\s*$")
+_ARG_SECTIONS: Final = frozenset(
+    {"Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments"}
+)
+_ARG_RE: Final = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """The first paragraph and the Google-style `Args:` descriptions of a docstring.
+
+    Lines of a paragraph or of one argument's description are joined with spaces.
+
+        >>> parse_docstring('''Add.
+        ...
+        ...     Args:
+        ...         a (int): The first
+        ...             addend.
+        ...     ''')
+        ('Add.', {'a': 'The first addend.'})
+    """
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    for line in lines:
+        if not line.strip() or _SECTION_RE.match(line):
+            break
+        summary.append(line.strip())
+
+    params: dict[str, str] = {}
+    in_args = False
+    entry_indent: int | None = None
+    current: str | None = None
+    for line in lines:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        header = _SECTION_RE.match(line) if indent == 0 else None
+        if header:
+            in_args = header.group(1) in _ARG_SECTIONS
+            entry_indent, current = None, None
+            continue
+        if not in_args:
+            continue
+        if entry_indent is None:
+            # Usually 4, but 0 when the docstring opens with "Args:" on its first
+            # line (cleandoc then strips the entries' indentation).
+            entry_indent = indent
+        if indent < entry_indent:
+            in_args = False  # dedented text after the section
+        elif indent == entry_indent:
+            match = _ARG_RE.match(stripped)
+            current = match.group(1) if match else None
+            if match is not None:
+                params[match.group(1)] = match.group(2).strip()
+        elif current is not None:
+            params[current] = f"{params[current]} {stripped}".strip()
+    return " ".join(summary), params
+
+
+def _defining_namespace(fn: Callable[..., Any]) -> dict[str, Any] | None:
+    """Locals of the running frame whose code defines `fn`, if it is on the stack.
+
+    With `from __future__ import annotations`, a function defined inside another
+    function has string annotations that may name the enclosing function's
+    locals, which `get_type_hints` cannot see. The enclosing frame is the one
+    whose code object holds `fn`'s code among its constants; matching on that,
+    rather than on a fixed stack depth, works however many wrappers (client,
+    registry) sit between the user's decorator and this function.
+    """
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return None
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if code in frame.f_code.co_consts:
+            return dict(frame.f_locals)
+        frame = frame.f_back
+    return None
+
+
+def _type_hints(fn: Callable[..., Any], tool_name: str) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except NameError:
+        pass  # maybe a local of the enclosing function: look for its frame below
+    except Exception as exc:
+        raise TypeError(f"tool {tool_name!r}: cannot resolve its type annotations: {exc}") from exc
+    localns = _defining_namespace(fn)
+    try:
+        return typing.get_type_hints(fn, localns=localns, include_extras=True)
+    except Exception as exc:
+        raise TypeError(
+            f"tool {tool_name!r}: cannot resolve its type annotations: {exc}; define the "
+            f"names it uses at module level, or before the tool is registered"
+        ) from exc
+
+
+def _type_repr(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__qualname__
+    return repr(tp).replace("typing.", "")
+
+
+def _check_json_schema_able(tool_name: str, what: str, tp: Any) -> None:
+    """Raise a TypeError naming `what` if pydantic can build no validator or schema for `tp`."""
+    try:
+        TypeAdapter(tp).json_schema(schema_generator=_ToolJsonSchema)
+    except PydanticUserError as exc:
+        raise TypeError(
+            f"tool {tool_name!r}: {what} has type {_type_repr(tp)}, which pydantic cannot "
+            f"turn into a JSON schema: {_pydantic_reason(exc)}"
+        ) from exc
+
+
+def _pydantic_reason(exc: PydanticUserError) -> str:
+    """Pydantic's first line, plus what to do when the type is simply unknown to it."""
+    reason = str(exc).splitlines()[0]
+    if exc.code in ("schema-for-unknown-type", "invalid-for-json-schema"):
+        reason += (
+            "; use a JSON type (str, int, float, bool, None, list, dict) or a pydantic "
+            "model, dataclass, TypedDict, Enum or Literal built from them"
+        )
+    return reason
+
+
+def _finish_input_schema(schema: dict[str, Any]) -> dict[str, JsonValue]:
+    """Fixed key order and an always-present `required`, whatever pydantic leaves out."""
+    schema.pop("title", None)  # the name of our synthetic model, meaningless to the model
+    out: dict[str, JsonValue] = {
+        "type": "object",
+        "properties": schema.pop("properties", {}),
+        "required": schema.pop("required", []),
+        "additionalProperties": False,
+    }
+    schema.pop("type", None)
+    schema.pop("additionalProperties", None)
+    out.update(schema)  # `$defs` and anything a future pydantic adds
+    return out
+
+
+# The output path for functions without a (useful) return annotation. With
+# pydantic's default `ser_json_inf_nan='null'`, inferred floats NaN/Infinity turn
+# silently into null; 'constants' keeps them as floats so the JSON check in
+# `Tool.dump_output` can refuse them.
+_NAN_KEEPING: Final = ConfigDict(ser_json_inf_nan="constants")
+_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_NAN_KEEPING)
+_UNVALIDATED_RETURNS: Final = (Any, object)
+_EMPTY: Final = inspect.Parameter.empty
+
+
+def _output_adapter(
+    tool_name: str, tp: Any
+) -> tuple[TypeAdapter[Any], dict[str, JsonValue] | None]:
+    """The validating adapter for a return annotation, and its JSON schema (None for None)."""
+    try:
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(tp, config=_NAN_KEEPING)
+        except PydanticUserError as exc:
+            if exc.code != "type-adapter-config-unused":
+                raise
+            # Models, dataclasses and TypedDicts carry their own config.
+            adapter = TypeAdapter(tp)
+        if tp is type(None):
+            return adapter, None  # "returns nothing" is no structure worth a schema
+        schema = adapter.json_schema(mode="serialization", schema_generator=_ToolJsonSchema)
+    except PydanticUserError as exc:
+        raise TypeError(
+            f"tool {tool_name!r}: return type {_type_repr(tp)} is not supported: "
+            f"{_pydantic_reason(exc)}; or remove the return annotation"
+        ) from exc
+    return adapter, schema
+
+
+# --- tools --------------------------------------------------------------------------
+
+
+class Tool:
+    """One function as a tool: its `spec` for the wire, and validate / call / dump.
+
+    Build tools with `ToolRegistry.add` or the `ToolRegistry.tool` decorator;
+    constructing a `Tool` directly does the same checks without registering it.
+    """
+
+    __slots__ = (
+        "_context_param",
+        "_fields",
+        "_input_model",
+        "_output",
+        "_validate_output",
+        "description",
+        "function",
+        "is_async",
+        "name",
+        "needs_approval",
+        "spec",
+        "timeout",
+    )
+
+    name: str
+    description: str
+    function: Callable[..., Any]
+    is_async: bool
+    timeout: float | None
+    needs_approval: bool
+    spec: protocol.ToolSpec
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        needs_approval: bool = False,
+    ) -> None:
+        if isinstance(fn, type) or not callable(fn):
+            raise TypeError(
+                f"a tool must be a function (def or async def), got {type(fn).__name__} {fn!r}"
+            )
+        if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+            raise TypeError(
+                f"a tool must be a function (def or async def), got {type(fn).__name__}; "
+                f"wrap it in an annotated def"
+            )
+        tool_name = fn.__name__ if name is None else name
+        if not _NAME_RE.match(tool_name):
+            raise ValueError(
+                f"tool name {tool_name!r} is invalid: it must match {protocol.TOOL_NAME_PATTERN} "
+                f"(a letter or '_', then up to 63 letters, digits, '_' or '-'); "
+                f"pass a valid name, e.g. name='my_tool'"
+            )
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"tool {tool_name!r}: generator functions are not supported; "
+                f"return a list instead of yielding items"
+            )
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(
+                f"tool {tool_name!r}: timeout must be a positive number of seconds, got {timeout!r}"
+            )
+
+        doc_summary, doc_params = parse_docstring(inspect.getdoc(fn))
+        hints = _type_hints(fn, tool_name)
+        context_param: str | None = None
+        fields: dict[str, Any] = {}
+        field_names: list[tuple[str, str]] = []
+        for param in inspect.signature(fn).parameters.values():
+            pname = param.name
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                raise TypeError(
+                    f"tool {tool_name!r}: *{pname} is not supported, tools take named "
+                    f"parameters only; use a list parameter instead, e.g. `{pname}: list[int]`"
+                )
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                raise TypeError(
+                    f"tool {tool_name!r}: **{pname} is not supported, the schema needs every "
+                    f"parameter by name; declare the parameters, or take one dict, "
+                    f"e.g. `{pname}: dict[str, str]`"
+                )
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise TypeError(
+                    f"tool {tool_name!r}: parameter {pname!r} is positional-only, but tools "
+                    f"are called with keyword arguments; remove the `/` from the signature"
+                )
+            if pname not in hints:
+                raise TypeError(
+                    f"tool {tool_name!r}: parameter {pname!r} has no type annotation; "
+                    f"annotate it, e.g. `{pname}: int`"
+                )
+            annotation = hints[pname]
+            if _is_context_annotation(annotation):
+                if context_param is not None:
+                    raise TypeError(
+                        f"tool {tool_name!r}: parameters {context_param!r} and {pname!r} are "
+                        f"both annotated ToolContext; keep one"
+                    )
+                context_param = pname
+                continue
+            if _mentions_context(annotation):
+                raise TypeError(
+                    f"tool {tool_name!r}: parameter {pname!r} mixes ToolContext into "
+                    f"{_type_repr(annotation)}; annotate it `{pname}: ToolContext`"
+                )
+            # Internal field names p0, p1... with the parameter name as alias: any
+            # parameter name works, even one that shadows a BaseModel attribute
+            # (`json`, `copy`, `schema`) or starts with `_` (a private attribute).
+            internal = f"p{len(field_names)}"
+            field_names.append((internal, pname))
+            default = param.default
+            if isinstance(default, FieldInfo):
+                # `a: int = Field(3, ge=0)`, the validate_call style: same as Annotated.
+                annotation = Annotated[annotation, default]
+                default = _EMPTY
+            _, metadata = _unwrap_annotated(annotation)
+            has_description = any(
+                isinstance(m, FieldInfo) and m.description is not None for m in metadata
+            )
+            # `Field(...)` given to create_model overrides the Annotated one, so set
+            # only what the Annotated Field cannot already say.
+            field_kwargs: dict[str, Any] = {"alias": pname}
+            if not has_description and pname in doc_params:
+                field_kwargs["description"] = doc_params[pname]
+            if default is not _EMPTY:
+                field_kwargs["default"] = default
+            fields[internal] = (annotation, Field(**field_kwargs))
+
+        try:
+            input_model: type[BaseModel] = create_model(
+                f"{tool_name}_input",
+                __config__=ConfigDict(extra="forbid"),
+                __module__=getattr(fn, "__module__", None) or __name__,
+                **fields,
+            )
+            input_schema = input_model.model_json_schema(
+                by_alias=True, schema_generator=_ToolJsonSchema
+            )
+        except PydanticUserError as exc:
+            # Find the culprit only now: checking each parameter up front would
+            # build every schema twice.
+            for internal, pname in field_names:
+                _check_json_schema_able(tool_name, f"parameter {pname!r}", fields[internal][0])
+            raise TypeError(f"tool {tool_name!r}: cannot build its input schema: {exc}") from exc
+
+        return_type = hints.get("return", _EMPTY)
+        output_schema: dict[str, JsonValue] | None = None
+        if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
+            self._output = _ANY_OUTPUT
+            self._validate_output = False
+        else:
+            self._output, output_schema = _output_adapter(tool_name, return_type)
+            self._validate_output = True
+
+        self.name = tool_name
+        self.description = doc_summary if description is None else description
+        self.function = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.timeout = timeout
+        self.needs_approval = needs_approval
+        self._context_param = context_param
+        self._input_model = input_model
+        self._fields = tuple(field_names)
+        self.spec = protocol.ToolSpec(
+            name=tool_name,
+            description=self.description,
+            input_schema=_finish_input_schema(input_schema),
+            output_schema=output_schema,
+            needs_approval=needs_approval,
+            timeout_ms=None if timeout is None else max(1, round(timeout * 1000)),
+        )
+        size = protocol.json_size(self.spec.model_dump(mode="json", by_alias=True))
+        if size > protocol.MAX_TOOL_SPEC_BYTES:
+            raise ValueError(
+                f"tool {tool_name!r}: its spec is {size} bytes, over the "
+                f"{protocol.MAX_TOOL_SPEC_BYTES}-byte limit servers accept; shorten the "
+                f"docstring or simplify the parameter types"
+            )
+
+    @property
+    def input_model(self) -> type[BaseModel]:
+        """The generated pydantic model of the input (fields aliased by parameter name)."""
+        return self._input_model
+
+    @property
+    def context_parameter(self) -> str | None:
+        """The name of the parameter that receives the ToolContext, if any."""
+        return self._context_param
+
+    def validate_input(self, input: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate the model's JSON input; return keyword arguments (without the context).
+
+        Raises InvalidInput with pydantic's errors: missing, wrong-typed or unknown
+        arguments.
+        """
+        # Lax python-mode validation of the already-parsed JSON. For values that
+        # came out of `json.loads` (str, int, float, bool, None, list, dict) lax
+        # python mode accepts and coerces exactly what lax JSON mode would
+        # ("3" -> 3, "2024-01-01" -> date, list -> tuple, "red" -> Color.RED), and
+        # it skips re-dumping the input to text per call. Strict python mode is not
+        # an option: it refuses a str for a date or a dict for a dataclass.
+        try:
+            model = self._input_model.model_validate(input)
+        except ValidationError as exc:
+            raise self._invalid_input(exc) from None
+        values = model.__dict__
+        return {pname: values[internal] for internal, pname in self._fields}
+
+    def _invalid_input(self, exc: ValidationError) -> InvalidInput:
+        # Through JSON text: `ctx` may hold exception objects, `input` any python
+        # value, even NaN/Infinity (python's json.loads accepts them in frames);
+        # those come back as the strings "NaN"/"Infinity" so the errors stay JSON.
+        errors: list[dict[str, JsonValue]] = json.loads(
+            exc.json(include_url=False), parse_constant=str
+        )
+        for err in errors:
+            if err.get("type") == "missing":
+                err.pop("input", None)  # the whole argument object, no help to the model
+        parts = []
+        for err in errors[:_ERRORS_IN_MESSAGE]:
+            loc = err.get("loc")
+            where = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else "input"
+            parts.append(f"{where}: {err.get('msg')}")
+        if len(errors) > _ERRORS_IN_MESSAGE:
+            parts.append(f"and {len(errors) - _ERRORS_IN_MESSAGE} more")
+        return InvalidInput(f"invalid input for tool {self.name!r}: {'; '.join(parts)}", errors)
+
+    def call(self, arguments: dict[str, Any], context: ToolContext | None) -> Any:
+        """Call the function with validated `arguments`, injecting `context` where declared.
+
+        Returns the value, or for an async tool the coroutine (not yet started).
+        Exceptions raised by a sync tool propagate.
+        """
+        if self._context_param is None:
+            return self.function(**arguments)
+        return self.function(**arguments, **{self._context_param: context})
+
+    def dump_output(self, value: Any) -> JsonValue:
+        """The return value as JSON-ready python data; raises InvalidOutput.
+
+        Validates against the return annotation when there is one. The result is
+        guaranteed to pass `json.dumps(..., allow_nan=False)`.
+        """
+        if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
+            if isinstance(value, types.CoroutineType):
+                value.close()  # never awaited; closing avoids a RuntimeWarning at GC
+            raise InvalidOutput(
+                f"tool {self.name!r} returned a {type(value).__name__} object, which is "
+                f"not JSON; return the data itself (e.g. a list, not an iterator)"
+            )
+        if self._validate_output:
+            try:
+                value = self._output.validate_python(value)
+            except ValidationError as exc:
+                where = protocol.describe_validation_error(exc)
+                raise InvalidOutput(
+                    f"tool {self.name!r} returned a value that does not match its return "
+                    f"annotation: {where}"
+                ) from None
+        try:
+            out: JsonValue = self._output.dump_python(
+                value, mode="json", fallback=_refuse_unknown, warnings="error"
+            )
+        except _Unserializable as exc:
+            fix = (
+                "convert it with .to_py() or copy out the fields you need"
+                if exc.is_js
+                else "return plain data (str, int, float, bool, None, list, dict) or a "
+                "pydantic model or dataclass of them"
+            )
+            raise InvalidOutput(
+                f"tool {self.name!r} returned {exc.describe()}, which cannot be serialized "
+                f"to JSON; {fix}"
+            ) from None
+        except (PydanticSerializationError, ValueError, RecursionError) as exc:
+            raise InvalidOutput(
+                f"tool {self.name!r} returned a value that cannot be serialized to JSON: {exc}"
+            ) from None
+        try:
+            json.dumps(out, allow_nan=False)
+        except ValueError:
+            raise InvalidOutput(
+                f"tool {self.name!r} returned NaN or Infinity, which JSON cannot represent; "
+                f"return None or a string instead"
+            ) from None
+        return out
+
+    def __repr__(self) -> str:
+        kind = "async " if self.is_async else ""
+        return f"<Tool {self.name!r}: {kind}{getattr(self.function, '__qualname__', '?')}>"
+
+
+# --- registry -----------------------------------------------------------------------
+
+
+class ToolRegistry:
+    """The tools of one client, by name, in registration order.
+
+    >>> registry = ToolRegistry()
+    >>> unsubscribe = registry.on_change(lambda: print("changed:", len(registry)))
+    >>> registry.add(lambda: None, name="noop")
+    changed: 1
+    <Tool 'noop': <lambda>>
+    >>> registry.remove("noop")
+    changed: 0
+    """
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._callbacks: list[Callable[[], None]] = []
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        needs_approval: bool = False,
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        needs_approval: bool = False,
+    ) -> F | Callable[[F], F]:
+        """Register a function as a tool: `@registry.tool` or `@registry.tool(name=...)`.
+
+        Returns the function unchanged, so it stays callable and testable as is.
+        """
+
+        def register(f: F) -> F:
+            self.add(
+                f,
+                name=name,
+                description=description,
+                timeout=timeout,
+                needs_approval=needs_approval,
+            )
+            return f
+
+        return register if fn is None else register(fn)
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        needs_approval: bool = False,
+    ) -> Tool:
+        """Register `fn` and return its Tool.
+
+        Raises ValueError for a bad or duplicate name (or a full registry) and
+        TypeError for a signature that cannot be a tool.
+        """
+        tool_name = getattr(fn, "__name__", "") if name is None else name
+        if tool_name in self._tools:
+            raise ValueError(
+                f"a tool named {tool_name!r} is already registered; pass another name, "
+                f"e.g. name='{tool_name}_2', or remove the old one first"
+            )
+        if len(self._tools) >= protocol.MAX_TOOLS_PER_CONNECTION:
+            raise ValueError(
+                f"cannot register {tool_name!r}: servers accept at most "
+                f"{protocol.MAX_TOOLS_PER_CONNECTION} tools per connection"
+            )
+        tool = Tool(
+            fn, name=name, description=description, timeout=timeout, needs_approval=needs_approval
+        )
+        self._tools[tool.name] = tool
+        self._changed()
+        return tool
+
+    def remove(self, name: str) -> None:
+        """Unregister a tool. Raises KeyError if there is none of that name."""
+        if name not in self._tools:
+            raise KeyError(f"no tool named {name!r}")
+        del self._tools[name]
+        self._changed()
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def specs(self) -> list[protocol.ToolSpec]:
+        """The specs of every tool, in registration order (the `tools` of the frame)."""
+        return [tool.spec for tool in self._tools.values()]
+
+    def on_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback()` after every add and remove; returns an unsubscribe function.
+
+        Callbacks run in subscription order; an exception from one propagates
+        out of `add`/`remove` (the change itself has happened) and skips the rest.
+        """
+        self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def _changed(self) -> None:
+        for callback in tuple(self._callbacks):  # a callback may unsubscribe itself
+            callback()
