@@ -1,5 +1,53 @@
-"""clienttools: Python tools that live in the browser, called by a server-side agent."""
+"""clienttools: Python tools that live in the browser, called by a server-side agent.
+
+from clienttools import ToolClient
+
+client = ToolClient("ws://127.0.0.1:8000/agents/chat/demo")
+
+@client.tool
+def add(a: int, b: int) -> int:
+    \"\"\"Add two integers.\"\"\"
+    return a + b
+
+await client.connect()
+"""
 
 from __future__ import annotations
 
+from clienttools.chat import Chat, ChatResponseError, ChatStatus, UIMessage
+from clienttools.client import ToolClient
+from clienttools.tools import (
+    InvalidInput,
+    InvalidOutput,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+)
+from clienttools.transport import (
+    ConnectError,
+    ConnectionFailed,
+    RegistrationTimeout,
+    ToolsRejected,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Chat",
+    "ChatResponseError",
+    "ChatStatus",
+    "ConnectError",
+    "ConnectionFailed",
+    "InvalidInput",
+    "InvalidOutput",
+    "RegistrationTimeout",
+    "Tool",
+    "ToolClient",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "ToolsRejected",
+    "UIMessage",
+    "__version__",
+]

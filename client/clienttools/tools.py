@@ -173,9 +173,17 @@ class _Unserializable(Exception):
         return f"a JsProxy{of} (type {self.type_name!r})"
 
 
+def _is_js_null(value: object) -> bool:
+    # Pyodide gives JS `null` as `pyodide.ffi.jsnull` (type JsNull), not None; a tool
+    # that returns `localStorage.getItem(...)` for a missing key means JSON null.
+    return type(value).__name__ == "JsNull"
+
+
 def _refuse_unknown(value: Any) -> Any:
     # Pydantic calls this only for types it cannot serialize by itself (JS proxies,
     # DOM nodes, sockets, ...); its own message does not say what to do instead.
+    if _is_js_null(value):
+        return None
     raise _Unserializable(value)
 
 
@@ -746,6 +754,8 @@ class Tool:
         Validates against the return annotation when there is one. The result is
         guaranteed to pass `json.dumps(..., allow_nan=False)`.
         """
+        if _is_js_null(value):
+            value = None
         if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
             if isinstance(value, types.CoroutineType):
                 value.close()  # never awaited; closing avoids a RuntimeWarning at GC

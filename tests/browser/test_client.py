@@ -1,0 +1,241 @@
+"""The real SDK in real Chromium, driven by a real WebSocket peer (rules C1-C13).
+
+One page load serves the whole module: each test uses its own tools or request
+ids, so they do not disturb each other, and the page's #state shows what the
+tools observed (runs, cancellations, JS proxies).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from tests.conftest import PLAYWRIGHT_CONFIG
+from tests.support.driver import ToolDriver
+from tests.support.static import StaticServer
+
+pytestmark = pytest.mark.browser
+SESSION = "client-tests"
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[ToolDriver]:
+    d = ToolDriver().start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Browser, static_server: StaticServer, driver: ToolDriver) -> Iterator[Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{static_server.url}/client.html?ws={driver.url(SESSION)}")
+    page.wait_for_function(
+        "document.getElementById('status').textContent !== 'loading'",
+        timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+    )
+    assert page.text_content("#status") == "connected", page.text_content("#status")
+    yield page
+    context.close()
+    assert errors == []
+
+
+def state(page: Page) -> dict[str, Any]:
+    return json.loads(page.text_content("#state") or "{}")  # type: ignore[no-any-return]
+
+
+def runs(page: Page, name: str) -> int:
+    return int(state(page)["runs"].get(name, 0))
+
+
+def test_first_frame_registers_every_tool(page: Page, driver: ToolDriver) -> None:
+    peer = driver.wait_registered(SESSION)
+    first = peer.received[0]
+    assert first["type"] == "cf_agent_client_tools"
+    assert first["protocol"] == 1
+    names = {tool["name"] for tool in first["tools"]}
+    assert {"read_text", "write_text", "remember", "recall", "add", "nap", "count_up"} <= names
+    add = next(t for t in first["tools"] if t["name"] == "add")
+    assert add["description"] == "Add two integers."
+    assert add["inputSchema"]["required"] == ["a", "b"]
+    assert add["outputSchema"]["type"] == "integer"
+
+
+def test_tools_read_and_write_the_dom_and_local_storage(page: Page, driver: ToolDriver) -> None:
+    assert driver.invoke(SESSION, "read_text", {"selector": "#title"})["output"] == "Hello from the page"
+    assert driver.invoke(SESSION, "read_text", {"selector": "#name"})["output"] == "Ada"
+    assert driver.invoke(SESSION, "write_text", {"selector": "#title", "text": "Changed"})["output"] is True
+    assert page.text_content("#title") == "Changed"
+    assert driver.invoke(SESSION, "remember", {"key": "k", "value": "v1"})["output"] is None
+    assert page.evaluate("localStorage.getItem('k')") == "v1"
+    assert driver.invoke(SESSION, "recall", {"key": "k"})["output"] == "v1"
+    assert driver.invoke(SESSION, "recall", {"key": "never-set"})["output"] is None
+    missing = driver.invoke(SESSION, "read_text", {"selector": "#nope"})["error"]
+    assert missing["code"] == "tool_error"
+    assert missing["data"] == {"selector": "#nope"}
+
+
+def test_invalid_input_does_not_run_the_tool(page: Page, driver: ToolDriver) -> None:
+    before = runs(page, "add")
+    error = driver.invoke(SESSION, "add", {"a": "one", "b": 2})["error"]
+    assert error["code"] == "invalid_input"
+    assert [e["loc"] for e in error["data"]] == [["a"]]
+    assert driver.invoke(SESSION, "add", {"a": 1})["error"]["code"] == "invalid_input"
+    assert runs(page, "add") == before
+
+
+def test_unknown_tool(page: Page, driver: ToolDriver) -> None:
+    error = driver.invoke(SESSION, "no_such_tool", {})["error"]
+    assert error["code"] == "unknown_tool"
+    assert "no_such_tool" in error["message"]
+
+
+def test_exceptions_become_tool_errors(page: Page, driver: ToolDriver) -> None:
+    error = driver.invoke(SESSION, "crash", {"message": "boom"})["error"]
+    assert error == {"code": "tool_error", "message": "boom", "data": {"exception": "ValueError"}}
+    refused = driver.invoke(SESSION, "refuse", {"message": "not now"})["error"]
+    assert refused["code"] == "tool_error"
+    assert refused["message"] == "not now"
+    assert refused["data"]["retry"] is False
+    # The page keeps working.
+    assert driver.invoke(SESSION, "add", {"a": 2, "b": 3})["output"] == 5
+
+
+def test_unserializable_and_oversize_outputs(page: Page, driver: ToolDriver) -> None:
+    error = driver.invoke(SESSION, "body_element", {})["error"]
+    assert error["code"] == "invalid_output"
+    assert "JsProxy" in error["message"] or "HTMLBodyElement" in error["message"]
+    too_big = driver.invoke(SESSION, "big_text", {"size": 1_100_000})["error"]
+    assert too_big["code"] == "output_too_large"
+    assert driver.invoke(SESSION, "big_text", {"size": 10})["output"] == "x" * 10
+
+
+def test_timeout_cancels_the_tool(page: Page, driver: ToolDriver) -> None:
+    request_id = driver.start_invoke(SESSION, "wait_forever", {}, timeout_ms=200)
+    result = driver.result(SESSION, request_id)
+    assert result["error"]["code"] == "timeout"
+    page.wait_for_function(f"document.getElementById('state').textContent.includes('{request_id}')")
+
+
+def test_cancel_reaches_the_tool_and_no_result_follows(page: Page, driver: ToolDriver) -> None:
+    request_id = driver.start_invoke(SESSION, "wait_forever", {})
+    page.wait_for_timeout(100)
+    driver.send(
+        SESSION, {"type": "cf_agent_client_tool_cancel", "requestId": request_id, "reason": "aborted"}
+    )
+    page.wait_for_function(f"document.getElementById('state').textContent.includes('{request_id}')")
+    page.wait_for_timeout(300)
+    assert [
+        f for f in driver.frames(SESSION, "cf_agent_client_tool_result") if f["requestId"] == request_id
+    ] == []
+    # Cancels for unknown or finished requests are ignored.
+    driver.send(SESSION, {"type": "cf_agent_client_tool_cancel", "requestId": "nope", "reason": "aborted"})
+    assert driver.invoke(SESSION, "add", {"a": 1, "b": 1})["output"] == 2
+
+
+def test_exactly_once_per_request_id(page: Page, driver: ToolDriver) -> None:
+    before = runs(page, "nap")
+    request_id = driver.start_invoke(SESSION, "nap", {"seconds": 0.3})
+    driver.start_invoke(SESSION, "nap", {"seconds": 0.3}, request_id=request_id, attempt=2)
+    assert driver.result(SESSION, request_id)["output"] == 0.3
+    page.wait_for_timeout(200)
+    assert runs(page, "nap") == before + 1
+    # Re-invoked after completion: the stored result comes back, the tool does not run again.
+    driver.start_invoke(SESSION, "nap", {"seconds": 0.3}, request_id=request_id, attempt=3)
+    assert driver.result(SESSION, request_id, nth=2)["output"] == 0.3
+    assert runs(page, "nap") == before + 1
+
+
+def test_progress_is_strictly_increasing_and_stops_at_the_result(page: Page, driver: ToolDriver) -> None:
+    request_id = driver.start_invoke(SESSION, "count_up", {"steps": 5})
+    assert driver.result(SESSION, request_id)["output"] == 5
+    page.wait_for_timeout(100)
+    frames = [
+        f
+        for p in driver.peers
+        for f in p.received
+        if f.get("requestId") == request_id
+        and f["type"] in ("cf_agent_client_tool_progress", "cf_agent_client_tool_result")
+    ]
+    progress = [f["progress"] for f in frames if f["type"] == "cf_agent_client_tool_progress"]
+    assert progress == [1, 2, 3, 4, 5]
+    assert frames[-1]["type"] == "cf_agent_client_tool_result"
+    assert frames[0]["total"] == 5 and frames[0]["message"] == "step 1"
+
+
+def test_async_tools_run_concurrently(page: Page, driver: ToolDriver) -> None:
+    started = time.monotonic()
+    ids = [driver.start_invoke(SESSION, "nap", {"seconds": 0.3}) for _ in range(3)]
+    for request_id in ids:
+        assert driver.result(SESSION, request_id)["output"] == 0.3
+    assert time.monotonic() - started < 0.6
+
+
+def test_malformed_frames_do_not_break_the_page(page: Page, driver: ToolDriver) -> None:
+    junk: list[Any] = [
+        "not json",
+        "[]",
+        "{}",
+        '{"type": 5}',
+        '{"type": "cf_agent_nonsense"}',
+        '{"type": "cf_agent_client_tool_invoke"}',
+        '{"type": "cf_agent_client_tool_cancel", "requestId": 7}',
+        '{"type": "cf_agent_ping"}',
+        b"\x00\x01binary",
+        '{"type": "cf_agent_client_tool_result_ack", "requestId": "x", "outcome": "weird"}',
+    ]
+    for index in range(1000):
+        driver.send(SESSION, junk[index % len(junk)])
+    # A malformed invoke whose requestId is readable gets invalid_request.
+    driver.send(SESSION, {"type": "cf_agent_client_tool_invoke", "requestId": "bad-1", "toolName": 3})
+    assert driver.result(SESSION, "bad-1")["error"]["code"] == "invalid_request"
+    assert driver.invoke(SESSION, "add", {"a": 20, "b": 22})["output"] == 42
+    assert page.text_content("#status") == "connected"
+
+
+def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver) -> None:
+    driver.held_acks.add(SESSION)
+    try:
+        request_id = driver.start_invoke(SESSION, "add", {"a": 4, "b": 5})
+        assert driver.result(SESSION, request_id)["output"] == 9
+        peers_before = len(driver.peers)
+        dropped = time.monotonic()
+        driver.drop(SESSION)
+        peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)
+        assert time.monotonic() - dropped < 1.5
+        assert peer.received[0]["type"] == "cf_agent_client_tools"  # C1 again
+        resent = driver.result(SESSION, request_id, nth=2)
+        assert resent["output"] == 9
+    finally:
+        driver.held_acks.discard(SESSION)
+    # Acknowledge it now; after the next reconnect it is not sent again.
+    driver.send(
+        SESSION,
+        {"type": "cf_agent_client_tool_result_ack", "requestId": request_id, "outcome": "applied"},
+    )
+    page.wait_for_timeout(100)
+    peers_before = len(driver.peers)
+    driver.drop(SESSION)
+    peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)
+    page.wait_for_timeout(300)
+    assert [f for f in peer.received if f.get("requestId") == request_id] == []
+
+
+def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver) -> None:
+    for _ in range(20):
+        peers_before = len(driver.peers)
+        driver.drop(SESSION)
+        driver.wait_registered(SESSION, after=peers_before, timeout=5)
+    assert driver.invoke(SESSION, "add", {"a": 1, "b": 2})["output"] == 3
+    page.evaluate("pyodide.runPython('publish()')")
+    observed = state(page)
+    live = observed["proxiesCreated"] - observed["proxiesDestroyed"]
+    assert observed["proxiesCreated"] > 20 * 3
+    assert 0 < live <= 4, observed  # only the live socket's handlers remain
