@@ -80,7 +80,11 @@ def sha256_of(path: Path) -> str:
 
 
 def copy_if_changed(src: Path, dst: Path) -> bool:
-    if dst.exists() and dst.stat().st_size == src.stat().st_size and sha256_of(dst) == sha256_of(src):
+    if (
+        dst.exists()
+        and dst.stat().st_size == src.stat().st_size
+        and sha256_of(dst) == sha256_of(src)
+    ):
         return False
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dst)
@@ -119,13 +123,23 @@ def download_wheels(cache: Path) -> list[Path]:
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
         subprocess.run(
             [
-                sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
                 "--only-binary=:all:",
-                "--platform", str(pins["platform"]),
-                "--python-version", str(pins["pythonVersion"]),
-                "--implementation", "cp",
-                "--abi", str(pins["abi"]),
-                "--dest", tmp,
+                "--platform",
+                str(pins["platform"]),
+                "--python-version",
+                str(pins["pythonVersion"]),
+                "--implementation",
+                "cp",
+                "--abi",
+                str(pins["abi"]),
+                "--dest",
+                tmp,
                 *requirements,
             ],
             check=True,
@@ -151,7 +165,9 @@ def download_wheels(cache: Path) -> list[Path]:
 def client_sources_digest() -> str:
     digest = hashlib.sha256()
     files = [ROOT / "pyproject.toml", ROOT / "README.md"]
-    files += sorted(p for p in (ROOT / "client").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files += sorted(
+        p for p in (ROOT / "client").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode())
         digest.update(path.read_bytes())
@@ -171,7 +187,16 @@ def build_client_wheel(cache: Path) -> Path:
         shutil.rmtree(target)
     target.mkdir(parents=True)
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(target), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(target),
+            str(ROOT),
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -185,7 +210,9 @@ def build_client_wheel(cache: Path) -> Path:
 def read_wheel(path: Path) -> Wheel:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
-        dist_info = next(n.split("/")[0] for n in names if re.match(r"[^/]+\.dist-info/METADATA$", n))
+        dist_info = next(
+            n.split("/")[0] for n in names if re.match(r"[^/]+\.dist-info/METADATA$", n)
+        )
         metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
         top_level = f"{dist_info}/top_level.txt"
         if top_level in names:
@@ -258,13 +285,21 @@ def build(out: Path, cache: Path) -> None:
     if not lock_path.exists() or lock_path.read_text() != lock_text:
         lock_path.write_text(lock_text)
         copied += 1
-    log(f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ready ({copied} files updated)")
+    log(
+        f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ready ({copied} files updated)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "web", help="where the web tree goes")
-    parser.add_argument("--cache", type=Path, default=ROOT / "build" / "cache", help="downloads and built wheels")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "build" / "web", help="where the web tree goes"
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=ROOT / "build" / "cache", help="downloads and built wheels"
+    )
     args = parser.parse_args(argv)
     build(args.out.resolve(), args.cache.resolve())
 

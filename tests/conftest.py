@@ -23,7 +23,9 @@ PAGES = ROOT / "tests" / "browser" / "pages"
 
 
 def _load_playwright_config() -> Any:
-    spec = importlib.util.spec_from_file_location("playwright_config", ROOT / "playwright.config.py")
+    spec = importlib.util.spec_from_file_location(
+        "playwright_config", ROOT / "playwright.config.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

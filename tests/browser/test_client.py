@@ -69,9 +69,15 @@ def test_first_frame_registers_every_tool(page: Page, driver: ToolDriver) -> Non
 
 
 def test_tools_read_and_write_the_dom_and_local_storage(page: Page, driver: ToolDriver) -> None:
-    assert driver.invoke(SESSION, "read_text", {"selector": "#title"})["output"] == "Hello from the page"
+    assert (
+        driver.invoke(SESSION, "read_text", {"selector": "#title"})["output"]
+        == "Hello from the page"
+    )
     assert driver.invoke(SESSION, "read_text", {"selector": "#name"})["output"] == "Ada"
-    assert driver.invoke(SESSION, "write_text", {"selector": "#title", "text": "Changed"})["output"] is True
+    assert (
+        driver.invoke(SESSION, "write_text", {"selector": "#title", "text": "Changed"})["output"]
+        is True
+    )
     assert page.text_content("#title") == "Changed"
     assert driver.invoke(SESSION, "remember", {"key": "k", "value": "v1"})["output"] is None
     assert page.evaluate("localStorage.getItem('k')") == "v1"
@@ -128,15 +134,20 @@ def test_cancel_reaches_the_tool_and_no_result_follows(page: Page, driver: ToolD
     request_id = driver.start_invoke(SESSION, "wait_forever", {})
     page.wait_for_timeout(100)
     driver.send(
-        SESSION, {"type": "cf_agent_client_tool_cancel", "requestId": request_id, "reason": "aborted"}
+        SESSION,
+        {"type": "cf_agent_client_tool_cancel", "requestId": request_id, "reason": "aborted"},
     )
     page.wait_for_function(f"document.getElementById('state').textContent.includes('{request_id}')")
     page.wait_for_timeout(300)
     assert [
-        f for f in driver.frames(SESSION, "cf_agent_client_tool_result") if f["requestId"] == request_id
+        f
+        for f in driver.frames(SESSION, "cf_agent_client_tool_result")
+        if f["requestId"] == request_id
     ] == []
     # Cancels for unknown or finished requests are ignored.
-    driver.send(SESSION, {"type": "cf_agent_client_tool_cancel", "requestId": "nope", "reason": "aborted"})
+    driver.send(
+        SESSION, {"type": "cf_agent_client_tool_cancel", "requestId": "nope", "reason": "aborted"}
+    )
     assert driver.invoke(SESSION, "add", {"a": 1, "b": 1})["output"] == 2
 
 
@@ -153,7 +164,9 @@ def test_exactly_once_per_request_id(page: Page, driver: ToolDriver) -> None:
     assert runs(page, "nap") == before + 1
 
 
-def test_progress_is_strictly_increasing_and_stops_at_the_result(page: Page, driver: ToolDriver) -> None:
+def test_progress_is_strictly_increasing_and_stops_at_the_result(
+    page: Page, driver: ToolDriver
+) -> None:
     request_id = driver.start_invoke(SESSION, "count_up", {"steps": 5})
     assert driver.result(SESSION, request_id)["output"] == 5
     page.wait_for_timeout(100)
@@ -194,7 +207,9 @@ def test_malformed_frames_do_not_break_the_page(page: Page, driver: ToolDriver) 
     for index in range(1000):
         driver.send(SESSION, junk[index % len(junk)])
     # A malformed invoke whose requestId is readable gets invalid_request.
-    driver.send(SESSION, {"type": "cf_agent_client_tool_invoke", "requestId": "bad-1", "toolName": 3})
+    driver.send(
+        SESSION, {"type": "cf_agent_client_tool_invoke", "requestId": "bad-1", "toolName": 3}
+    )
     assert driver.result(SESSION, "bad-1")["error"]["code"] == "invalid_request"
     assert driver.invoke(SESSION, "add", {"a": 20, "b": 22})["output"] == 42
     assert page.text_content("#status") == "connected"

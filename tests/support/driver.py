@@ -221,7 +221,9 @@ class ToolDriver:
         self.send(session, frame)
         return request_id
 
-    def result(self, session: str, request_id: str, timeout: float = 10.0, nth: int = 1) -> dict[str, Any]:
+    def result(
+        self, session: str, request_id: str, timeout: float = 10.0, nth: int = 1
+    ) -> dict[str, Any]:
         """The `nth` result frame the client sent for `request_id`."""
 
         def found() -> dict[str, Any] | None:
@@ -235,7 +237,12 @@ class ToolDriver:
         return self._run(self._wait_for(found, timeout), timeout + 5)
 
     def invoke(
-        self, session: str, tool: str, arguments: dict[str, Any], timeout: float = 10.0, **options: Any
+        self,
+        session: str,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float = 10.0,
+        **options: Any,
     ) -> dict[str, Any]:
         request_id = self.start_invoke(session, tool, arguments, **options)
         return self.result(session, request_id, timeout)

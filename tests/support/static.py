@@ -1,8 +1,8 @@
 """A threaded static file server for browser tests: several roots mounted under URL prefixes.
 
-    server = StaticServer({"/": Path("demo"), "/pyodide/": Path("build/web/pyodide")})
-    server.start()          # server.url == "http://127.0.0.1:<port>"
-    server.stop()
+server = StaticServer({"/": Path("demo"), "/pyodide/": Path("build/web/pyodide")})
+server.start()          # server.url == "http://127.0.0.1:<port>"
+server.stop()
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ CONTENT_TYPES = {
 class StaticServer:
     def __init__(self, mounts: dict[str, Path], host: str = "127.0.0.1") -> None:
         # Longest prefix first, so "/pyodide/" wins over "/".
-        self.mounts = sorted(((p, r.resolve()) for p, r in mounts.items()), key=lambda m: -len(m[0]))
+        self.mounts = sorted(
+            ((p, r.resolve()) for p, r in mounts.items()), key=lambda m: -len(m[0])
+        )
         self.host = host
         self.requests: list[str] = []
         self._httpd: http.server.ThreadingHTTPServer | None = None
@@ -62,7 +64,9 @@ class StaticServer:
                     return
                 body = file.read_bytes()
                 self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPES.get(file.suffix, "application/octet-stream"))
+                self.send_header(
+                    "Content-Type", CONTENT_TYPES.get(file.suffix, "application/octet-stream")
+                )
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Cache-Control", "no-cache")
                 self.end_headers()

@@ -1,0 +1,138 @@
+"""The ``clienttools-server`` command (also ``python -m clienttools_server``).
+
+clienttools-server --port 8000 --static demo --static build/web --db ledger.sqlite3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+import uvicorn
+
+from .app import create_app, uvicorn_config
+from .config import ServerConfig
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    defaults = ServerConfig()
+    p = argparse.ArgumentParser(
+        prog="clienttools-server",
+        description=(
+            "Reference server for clienttools: AI SDK v7 WebSocket chat at "
+            "/agents/chat/{session}, with tools that run in the browser page. "
+            "Durations are in seconds."
+        ),
+    )
+    p.add_argument(
+        "--host", default=defaults.host, help="interface to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=defaults.port,
+        help="TCP port; 0 picks a free one (default: %(default)s)",
+    )
+    p.add_argument(
+        "--static",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="serve files of DIR at / (repeatable; the first directory that has a file wins)",
+    )
+    p.add_argument(
+        "--db",
+        metavar="PATH",
+        help="SQLite ledger file that makes runs survive a restart (default: in memory)",
+    )
+    p.add_argument(
+        "--token", help="require ?token=TOKEN on every WebSocket URL (default: no token)"
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow WebSocket handshakes from ORIGIN, e.g. https://example.com (repeatable; "
+        "'*' allows any; default: only the server's own origin)",
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=_positive,
+        default=defaults.tool_timeout,
+        metavar="SECONDS",
+        help="default time a browser tool may run without progress, when its spec sets no "
+        "timeoutMs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-tool-timeout",
+        type=_positive,
+        default=defaults.max_tool_timeout,
+        metavar="SECONDS",
+        help="hard cap on any browser tool call, progress or not (default: %(default)s)",
+    )
+    p.add_argument(
+        "--disconnect-policy",
+        choices=("wait", "fail"),
+        default=defaults.disconnect_policy,
+        help="when a page disconnects mid-call: 'wait' re-delivers the call to the next "
+        "connection that registers the tool, 'fail' fails it as 'disconnected' "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--model",
+        default=defaults.model,
+        help="the model that answers; 'scripted' is deterministic and offline "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--ttl",
+        type=_positive,
+        default=defaults.ttl,
+        metavar="SECONDS",
+        help="a paused run expires after this long without progress (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=defaults.log_level,
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="log verbosity (default: %(default)s)",
+    )
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    args = parser().parse_args(argv)
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        static_dirs=tuple(args.static),
+        db=args.db,
+        token=args.token,
+        allow_origins=tuple(args.allow_origin),
+        tool_timeout=args.tool_timeout,
+        max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
+        disconnect_policy=args.disconnect_policy,
+        model=args.model,
+        log_level=args.log_level,
+        ttl=args.ttl,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = config_from_args(argv)
+    level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.Server(uvicorn_config(create_app(config), config)).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Every setting of the reference server in one frozen dataclass; durations in seconds.
+
+The CLI (``clienttools-server``) builds one from its flags; tests build one
+directly and pass it to :func:`clienttools_server.app.create_app`.
+
+    >>> config = ServerConfig(port=0, tool_timeout=2.0, disconnect_policy="fail")
+    >>> config.tool_timeout, config.ttl
+    (2.0, 86400.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
+
+DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Settings of one server. Durations are seconds here; milliseconds only on the wire."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Directories served at "/", first match wins (``make demo``: demo/ then build/web/).
+    static_dirs: tuple[str, ...] = ()
+    # SQLite ledger file; None keeps the ledger in memory (nothing survives a restart).
+    db: str | None = None
+    # Required as ``?token=`` on the WebSocket URL when set.
+    token: str | None = None
+    # Allowed ``Origin`` values; empty means the server's own origin only; "*" allows any.
+    allow_origins: tuple[str, ...] = ()
+    # S3: default per-call idle timeout and the hard cap on any call.
+    tool_timeout: float = 60.0
+    max_tool_timeout: float = 300.0
+    # S4: what a call whose connection closes does.
+    disconnect_policy: DisconnectPolicy = "wait"
+    model: str = "scripted"
+    log_level: str = "info"
+    # S8: paused runs expire after this long without progress; checked every expiry_interval.
+    ttl: float = 86_400.0
+    expiry_interval: float = 60.0
+    # Application pings (C12 clients treat 2.5 silent intervals as a dead socket).
+    ping_interval: float = 15.0
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    max_result_bytes: int = MAX_RESULT_BYTES
+    # S9: this many malformed frames within flood_window seconds close the socket with 1008.
+    flood_limit: int = 20
+    flood_window: float = 10.0
+    # Model steps per run, so a model that keeps calling tools cannot loop forever.
+    max_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if self.tool_timeout <= 0 or self.max_tool_timeout <= 0:
+            raise ValueError("tool timeouts must be positive")
+        if self.disconnect_policy not in ("wait", "fail"):
+            raise ValueError(f"unknown disconnect policy {self.disconnect_policy!r}")
+        if self.ttl <= 0 or self.expiry_interval <= 0 or self.ping_interval <= 0:
+            raise ValueError("ttl, expiry_interval and ping_interval must be positive")

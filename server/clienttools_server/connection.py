@@ -1,0 +1,238 @@
+"""One WebSocket of one page: admission, frame parsing, limits, and routing to the hub (S9, S10).
+
+Every frame is parsed with the shared :mod:`clienttools.protocol`; a malformed
+one is answered with ``cf_agent_protocol_error`` and the socket stays open,
+unless malformed frames come in a flood (close 1008). A frame over the size
+limit closes the socket with 1009. Frames out go through one queue and one
+writer task, so runs, timers and acks never interleave partial sends.
+
+    if not admitted(websocket, config):
+        await websocket.close(code=1008)
+    else:
+        await websocket.accept()
+        await Connection(websocket, session, hub, config).serve()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Mapping
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from clienttools.protocol import (
+    AbortFrame,
+    ClientFrame,
+    ClientToolsFrame,
+    FrameError,
+    PingFrame,
+    PongFrame,
+    ProtocolErrorFrame,
+    ResumeFrame,
+    SendFrame,
+    ToolApprovalFrame,
+    ToolProgressFrame,
+    ToolResultFrame,
+    ToolSpec,
+    WireModel,
+    dump_frame,
+    parse_client_frame,
+)
+
+from .config import ServerConfig
+from .hub import Hub
+
+logger = logging.getLogger(__name__)
+
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_TOO_BIG = 1009
+MAX_SESSION_NAME = 256
+
+
+def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -> bool:
+    """S10: is a handshake with this ``Origin`` header allowed?
+
+    A browser always sends ``Origin`` and a page cannot forge it; a client
+    without one is not a browser page (CPython, Node), which the Origin check
+    cannot constrain anyway, so it is admitted and left to the token.
+    """
+    if origin is None:
+        return True
+    if "*" in config.allow_origins:
+        return True
+    if config.allow_origins:
+        return origin in config.allow_origins
+    return host is not None and origin in (f"http://{host}", f"https://{host}")
+
+
+def admitted(websocket: WebSocket, config: ServerConfig) -> bool:
+    """S10: Origin allow-list, token, and a sane session name."""
+    session = websocket.path_params.get("session", "")
+    if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_NAME:
+        return False
+    if not origin_allowed(websocket.headers.get("origin"), websocket.headers.get("host"), config):
+        logger.info("refused origin %r", websocket.headers.get("origin"))
+        return False
+    if config.token is not None:
+        given = websocket.query_params.get("token", "")
+        if not hmac.compare_digest(given.encode(), config.token.encode()):
+            logger.info("refused a connection without the right token")
+            return False
+    return True
+
+
+class Connection:
+    """A live socket as the hub and the proxy see it (a ``Client``)."""
+
+    def __init__(self, websocket: WebSocket, session: str, hub: Hub, config: ServerConfig) -> None:
+        self._websocket = websocket
+        self._session = session
+        self._hub = hub
+        self._config = config
+        self._id = secrets.token_hex(8)
+        self._client_id: str | None = None
+        self._tools: dict[str, ToolSpec] = {}
+        self._registration = 0
+        self._open = True
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._error_times: deque[float] = deque()
+
+    # -- Client -----------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def session(self) -> str:
+        return self._session
+
+    @property
+    def client_id(self) -> str | None:
+        return self._client_id
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return self._tools
+
+    @property
+    def registration(self) -> int:
+        return self._registration
+
+    def set_tools(self, client_id: str, tools: dict[str, ToolSpec], registration: int) -> None:
+        self._client_id, self._tools, self._registration = client_id, tools, registration
+
+    def tool_spec(self, name: str) -> ToolSpec | None:
+        return self._tools.get(name)
+
+    def send(self, frame: WireModel) -> None:
+        if self._open:
+            self._outbox.put_nowait(dump_frame(frame))
+
+    # -- the socket -------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Read until the peer leaves or breaks a limit; then drain, detach and close."""
+        writer = asyncio.create_task(self._write())
+        pinger = asyncio.create_task(self._ping())
+        self._hub.attach(self)
+        close_code: int | None = None
+        try:
+            close_code = await self._read()
+        finally:
+            self._open = False
+            pinger.cancel()
+            self._hub.detach(self)
+            self._outbox.put_nowait(None)
+            await asyncio.gather(writer, pinger, return_exceptions=True)
+        if close_code is not None:
+            # The peer may be gone already; then there is nothing to close.
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                await self._websocket.close(code=close_code)
+
+    async def _read(self) -> int | None:
+        limit = self._config.max_frame_bytes
+        while True:
+            try:
+                message = await self._websocket.receive()
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                return None
+            if message["type"] == "websocket.disconnect":
+                return None
+            text: str | None = message.get("text")
+            raw: str | bytes = text if text is not None else (message.get("bytes") or b"")
+            size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
+            if size > limit:
+                logger.info("closing %s: a frame of %d bytes is over the limit", self._id, size)
+                return CLOSE_TOO_BIG
+            try:
+                frame = parse_client_frame(raw, limit)
+            except FrameError as exc:
+                # The message describes the peer's own frame, not server internals.
+                self.send(ProtocolErrorFrame(message=exc.message, request_id=exc.request_id))
+                if self._flooded():
+                    logger.info("closing %s: a flood of malformed frames", self._id)
+                    return CLOSE_POLICY_VIOLATION
+                continue
+            try:
+                self._dispatch(frame)
+            except Exception:
+                logger.exception("handling a %s frame failed", frame.type)
+                self.send(
+                    ProtocolErrorFrame(
+                        message="the server could not handle this frame",
+                        request_id=getattr(frame, "request_id", None),
+                    )
+                )
+
+    def _flooded(self) -> bool:
+        now = time.monotonic()
+        self._error_times.append(now)
+        while self._error_times and self._error_times[0] < now - self._config.flood_window:
+            self._error_times.popleft()
+        return len(self._error_times) > self._config.flood_limit
+
+    def _dispatch(self, frame: ClientFrame) -> None:
+        hub = self._hub
+        if isinstance(frame, ClientToolsFrame):
+            hub.register_tools(self, frame)
+        elif isinstance(frame, ToolResultFrame):
+            self.send(hub.browser.on_result(self, frame))
+        elif isinstance(frame, ToolProgressFrame):
+            hub.browser.on_progress(self, frame)
+        elif isinstance(frame, ToolApprovalFrame):
+            hub.approve(self, frame)
+        elif isinstance(frame, SendFrame):
+            hub.start_run(self, frame)
+        elif isinstance(frame, ResumeFrame):
+            hub.resume(self, frame)
+        elif isinstance(frame, AbortFrame):
+            hub.abort(self, frame)
+        elif isinstance(frame, PongFrame):
+            pass  # any frame shows the socket is alive; uvicorn pings at the transport level
+
+    async def _write(self) -> None:
+        while True:
+            text = await self._outbox.get()
+            if text is None:
+                return
+            try:
+                await self._websocket.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self._open = False
+                return
+
+    async def _ping(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.ping_interval)
+            self.send(PingFrame(t=time.time() * 1000))

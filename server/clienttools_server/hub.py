@@ -1,0 +1,366 @@
+"""Sessions, their connections and runs: what connects the sockets to the runtime.
+
+The hub owns every piece of per-server state (no module globals): the live
+connections of each session and the tools each registered, the active
+response of each chat, the run tasks, the browser-tool proxy and the
+approvals. Connections call it with parsed frames; runs reach tools through a
+:class:`SessionTools` host.
+
+    hub = Hub(config, ledger, ScriptedModel(), default_server_tools(), durable=False)
+    hub.attach(connection)
+    hub.start_run(connection, send_frame)
+    await hub.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pydantic import JsonValue
+
+from clienttools.protocol import (
+    MAX_TOOL_SPEC_BYTES,
+    MAX_TOOLS_PER_CONNECTION,
+    AbortFrame,
+    ClientToolsFrame,
+    ErrorFrame,
+    NoActiveFrame,
+    ProtocolErrorFrame,
+    RejectedTool,
+    ResumeFrame,
+    SendFrame,
+    ToolApprovalFrame,
+    ToolsAckFrame,
+    ToolSpec,
+    json_size,
+)
+
+from .config import ServerConfig
+from .ledger import Ledger, Outcome, Resolution, Step, canonical_json
+from .models import JsonObject, Model, ToolCall, ToolDescription
+from .proxy import Approvals, BrowserTools, Peer
+from .runtime import Run, RunRequest
+from .server_tools import ServerTool
+from .stream import ChunkLog
+
+logger = logging.getLogger(__name__)
+
+
+class Client(Peer, Protocol):
+    """A connection as the hub sees it: a peer that can hold a tool registration."""
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]: ...
+
+    @property
+    def registration(self) -> int: ...
+
+    def set_tools(self, client_id: str, tools: dict[str, ToolSpec], registration: int) -> None: ...
+
+
+@dataclass(slots=True)
+class Session:
+    name: str
+    clients: list[Client] = field(default_factory=list)
+    # chat id -> the response streaming for it
+    logs: dict[str, ChunkLog] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ActiveRun:
+    run: Run
+    task: asyncio.Task[None]
+    log: ChunkLog
+    session: str
+
+
+class Hub:
+    def __init__(
+        self,
+        config: ServerConfig,
+        ledger: Ledger,
+        model: Model,
+        server_tools: Mapping[str, ServerTool],
+        *,
+        durable: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.model = model
+        self.server_tools = dict(server_tools)
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self.runs: dict[str, ActiveRun] = {}
+        self.browser = BrowserTools(ledger, config, self.find_peer, durable=durable, clock=clock)
+        self.approvals = Approvals(ledger, clock)
+        self._registrations = itertools.count(1)
+        self._closing = False
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Expire what outlived its TTL, resume unfinished runs (S8), start the expiry clock."""
+        self.expire_now()
+        for execution in self.ledger.executions(("running", "paused")):
+            try:
+                request = RunRequest.from_json(execution.request_json)
+            except (ValueError, KeyError, TypeError):
+                self.ledger.set_status(
+                    execution.id, "error", self.clock(), "its request could not be read"
+                )
+                continue
+            logger.info("resuming run %s of session %s", execution.id, execution.session)
+            self._launch(execution.id, execution.session, request)
+        self._expiry_task = asyncio.create_task(self._expire_periodically())
+
+    async def close(self) -> None:
+        """Stop every task; unfinished runs stay resumable in the ledger."""
+        self._closing = True
+        self.browser.shutting_down = True
+        tasks = [active.task for active in self.runs.values()]
+        if self._expiry_task is not None:
+            tasks.append(self._expiry_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._expiry_task = None
+
+    def expire_now(self) -> list[str]:
+        expired = self.ledger.expire_paused(self.config.ttl, self.clock())
+        if expired:
+            logger.info("expired runs: %s", ", ".join(expired))
+            self.browser.wake_expired(expired)
+            self.approvals.wake_expired(expired)
+        return expired
+
+    async def _expire_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_interval)
+            try:
+                self.expire_now()
+            except Exception:
+                logger.exception("expiring runs failed")
+
+    def stats(self) -> dict[str, int]:
+        """Counts of live state; all but sessions are 0 when nothing runs (tests assert it)."""
+        return {
+            "runs": len(self.runs),
+            "pending_calls": len(self.browser.pending),
+            "timers": self.browser.timer_count,
+            "approvals": len(self.approvals.waiting),
+            "active_responses": sum(len(s.logs) for s in self.sessions.values()),
+            "sessions": len(self.sessions),
+        }
+
+    # -- settling from outside (S8) --------------------------------------------------
+
+    def resolve(self, execution_id: str, seq: int, output: JsonValue) -> Outcome:
+        """Settle a pending step with an output and wake its run; never raises.
+
+        Anything but a pending step (settled, unknown, too large to store,
+        not JSON) comes back as an Outcome with ``ok`` False.
+        """
+        try:
+            result_json = canonical_json(output)
+        except ValueError as exc:
+            return Outcome(False, "invalid", f"the output is not JSON: {exc}")
+        return self._settled(self.ledger.resolve(execution_id, seq, result_json, self.clock()))
+
+    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
+        """Settle a pending step with an error and wake its run; never raises."""
+        error_json = canonical_json({"code": code, "message": message})
+        return self._settled(self.ledger.reject(execution_id, seq, error_json, self.clock()))
+
+    def _settled(self, outcome: Outcome) -> Outcome:
+        if outcome.ok and outcome.step is not None:
+            step = outcome.step
+            woke = self.browser.wake(step.execution_id, step.seq)
+            if not woke:
+                self.approvals.wake(step.execution_id, step.seq)
+        return outcome
+
+    # -- connections ------------------------------------------------------------------
+
+    def _session(self, name: str) -> Session:
+        session = self.sessions.get(name)
+        if session is None:
+            session = self.sessions[name] = Session(name)
+        return session
+
+    def _forget_if_idle(self, session: Session) -> None:
+        if not session.clients and not session.logs:
+            self.sessions.pop(session.name, None)
+
+    def attach(self, client: Client) -> None:
+        self._session(client.session).clients.append(client)
+
+    def detach(self, client: Client) -> None:
+        session = self.sessions.get(client.session)
+        if session is None:
+            return
+        if client in session.clients:
+            session.clients.remove(client)
+        for log in session.logs.values():
+            log.drop_owner(client.id)
+        self.browser.on_disconnect(client)
+        self._forget_if_idle(session)
+
+    def find_peer(self, session_name: str, tool_name: str) -> Client | None:
+        """S2: the newest live connection of the session that registered the tool."""
+        session = self.sessions.get(session_name)
+        if session is None:
+            return None
+        offering = [c for c in session.clients if c.is_open and tool_name in c.tools]
+        return max(offering, key=lambda c: c.registration, default=None)
+
+    def register_tools(self, client: Client, frame: ClientToolsFrame) -> None:
+        accepted: dict[str, ToolSpec] = {}
+        rejected: list[RejectedTool] = []
+        for spec in frame.tools:
+            reason = self._refusal(spec, accepted)
+            if reason is None:
+                accepted[spec.name] = spec
+            else:
+                rejected.append(RejectedTool(name=spec.name, reason=reason))
+        client.set_tools(frame.client_id, accepted, next(self._registrations))
+        client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
+        self.browser.on_registered(client)
+
+    def _refusal(self, spec: ToolSpec, accepted: Mapping[str, ToolSpec]) -> str | None:
+        if spec.name in accepted:
+            return "a tool of this name is already in this registration"
+        if spec.name in self.server_tools:
+            return "the name is taken by a server tool"
+        if len(accepted) >= MAX_TOOLS_PER_CONNECTION:
+            return f"at most {MAX_TOOLS_PER_CONNECTION} tools per connection"
+        size = json_size(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
+        if size > MAX_TOOL_SPEC_BYTES:
+            return f"the tool spec is {size:,} bytes; at most {MAX_TOOL_SPEC_BYTES:,} are allowed"
+        return None
+
+    # -- chat -------------------------------------------------------------------------
+
+    def start_run(self, client: Client, frame: SendFrame) -> None:
+        session = self._session(client.session)
+        if frame.id in session.logs:
+            client.send(
+                ErrorFrame(
+                    request_id=frame.request_id,
+                    error_text="a response is already streaming for this chat",
+                )
+            )
+            return
+        request = RunRequest(frame.id, list(frame.messages))
+        try:
+            execution = self.ledger.start_execution(client.session, request.to_json(), self.clock())
+        except ValueError:
+            client.send(
+                ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
+            )
+            return
+        log = ChunkLog(frame.id)
+        log.subscribe(frame.request_id, client.id, client.send, after=None)
+        self._launch(execution.id, client.session, request, log)
+
+    def _launch(
+        self, execution_id: str, session_name: str, request: RunRequest, log: ChunkLog | None = None
+    ) -> None:
+        log = log if log is not None else ChunkLog(request.chat_id)
+        session = self._session(session_name)
+        session.logs[request.chat_id] = log
+        run = Run(
+            execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
+            log.append, clock=self.clock, max_steps=self.config.max_steps,
+        )  # fmt: skip
+        task = asyncio.create_task(self._drive(run, log, session_name))
+        self.runs[execution_id] = ActiveRun(run, task, log, session_name)
+
+    async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
+        try:
+            await run.execute()
+        finally:
+            self.runs.pop(run.execution_id, None)
+            session = self.sessions.get(session_name)
+            if session is not None:
+                if session.logs.get(log.chat_id) is log:
+                    del session.logs[log.chat_id]
+                self._forget_if_idle(session)
+            # At shutdown the response is not over: the page resumes it from
+            # the restarted server instead of seeing it end.
+            if not self._closing or run.aborted:
+                log.finish()
+
+    def resume(self, client: Client, frame: ResumeFrame) -> None:
+        session = self.sessions.get(client.session)
+        log = session.logs.get(frame.id) if session is not None else None
+        if log is None:
+            client.send(NoActiveFrame(request_id=frame.request_id))
+            return
+        log.subscribe(frame.request_id, client.id, client.send, after=frame.last_sequence)
+
+    def abort(self, client: Client, frame: AbortFrame) -> None:
+        for active in self.runs.values():
+            if active.session == client.session and frame.request_id in active.log.request_ids:
+                active.run.aborted = True
+                active.task.cancel()
+                return
+
+    def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
+        problem = self.approvals.on_approval(client, frame)
+        if problem is not None:
+            client.send(ProtocolErrorFrame(message=problem))
+
+
+class SessionTools:
+    """The ToolHost of a run: the server tools plus the browser tools of its session."""
+
+    def __init__(self, hub: Hub, session: str) -> None:
+        self.hub = hub
+        self.session = session
+
+    def _browser_specs(self) -> dict[str, ToolSpec]:
+        session = self.hub.sessions.get(self.session)
+        specs: dict[str, ToolSpec] = {}
+        if session is not None:
+            for client in sorted(session.clients, key=lambda c: c.registration):
+                if client.is_open:
+                    specs.update(client.tools)
+        return specs
+
+    def descriptions(self) -> list[ToolDescription]:
+        found = [tool.describe() for tool in self.hub.server_tools.values()]
+        found += [
+            ToolDescription(spec.name, spec.description, dict(spec.input_schema))
+            for spec in self._browser_specs().values()
+        ]
+        return found
+
+    def resolution_for(self, name: str) -> Resolution | None:
+        if name in self.hub.server_tools:
+            return "server"
+        return "client" if self.hub.find_peer(self.session, name) is not None else None
+
+    def needs_approval(self, name: str) -> bool:
+        tool = self.hub.server_tools.get(name)
+        if tool is not None:
+            return tool.needs_approval
+        peer = self.hub.find_peer(self.session, name)
+        spec = peer.tool_spec(name) if peer is not None else None
+        return bool(spec is not None and spec.needs_approval)
+
+    async def run_server_tool(self, name: str, tool_input: JsonObject) -> JsonValue:
+        return await self.hub.server_tools[name].run(tool_input)
+
+    async def run_client_tool(self, step: Step, call: ToolCall) -> None:
+        await self.hub.browser.call(self.session, step, call)
+
+    async def await_approval(self, step: Step, call: ToolCall) -> None:
+        await self.hub.approvals.wait(self.session, step, call)

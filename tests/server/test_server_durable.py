@@ -1,0 +1,214 @@
+"""S8: runs survive a restart on the same SQLite ledger; replay, divergence, resolve, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
+
+from clienttools_server.app import running_server
+from clienttools_server.config import ServerConfig
+from clienttools_server.ledger import SqliteLedger, canonical_json
+from clienttools_server.models import (
+    Message,
+    ModelEvent,
+    ScriptedModel,
+    ToolDescription,
+    UserMessage,
+)
+from clienttools_server.runtime import RunRequest, _digest
+
+
+class CountingModel:
+    """The scripted model, counting how often it is asked (replay must not ask)."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._inner = ScriptedModel()
+
+    async def stream(
+        self, messages: Sequence[Message], tools: Sequence[ToolDescription]
+    ) -> AsyncIterator[ModelEvent]:
+        self.calls += 1
+        async for event in self._inner.stream(messages, tools):
+            yield event
+
+
+def _config(db: Path, **overrides: Any) -> ServerConfig:
+    options: dict[str, Any] = {"port": 0, "log_level": "warning", "db": str(db)}
+    options.update(overrides)
+    return ServerConfig(**options)
+
+
+async def _wait_for_status(db_ledger: Any, execution_id: str, status: str) -> None:
+    async with asyncio.timeout(5):
+        while db_ledger.get_execution(execution_id).status != status:
+            await asyncio.sleep(0.02)
+
+
+async def test_restart_replays_and_redelivers(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    db = tmp_path / "ledger.sqlite3"
+    first_model = CountingModel()
+    async with running_server(_config(db), model=first_model) as server:
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")], client_id="page-1")
+        await tab.start_chat('call server_time {}\ncall t {"k": 1}', chat_id="chat-d")
+        first = await tab.expect("cf_agent_client_tool_invoke")
+        assert first_model.calls == 1
+        await tab.close()  # the page goes away too; the server then stops mid-call
+    second_model = CountingModel()
+    async with running_server(_config(db), model=second_model) as server:
+        [execution] = server.app.state.ledger.executions()
+        assert execution.status == "running"
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")], client_id="page-1")
+        again = await tab.expect("cf_agent_client_tool_invoke")
+        assert again["requestId"] == first["requestId"]
+        assert (again["attempt"], again["toolCallId"]) == (2, first["toolCallId"])
+        await tab.send(
+            {"type": "resume", "requestId": "res", "id": "chat-d", "headers": {}, "body": {}}
+        )
+        await tab.expect("start", requestId="res")
+        await tab.send_result(again["requestId"], output="after restart")
+        assert (await tab.ack_for(again["requestId"]))["outcome"] == "applied"
+        response = await tab.response("res")
+        lines = response.text.split("\n")
+        assert lines[0].startswith("server_time -> ") and lines[1] == 't -> "after restart"'
+        # Step 0 was replayed from the ledger; only the final answer asked the model.
+        assert second_model.calls == 1
+        await tab.close()
+        await settled(server.hub)
+        assert server.app.state.ledger.get_execution(execution.id).status == "completed"
+        steps = server.app.state.ledger.steps(execution.id)
+        assert [(s.kind, s.name, s.state) for s in steps] == [
+            ("model", "scripted", "applied"),
+            ("tool", "server_time", "applied"),
+            ("tool", "t", "applied"),
+            ("model", "scripted", "applied"),
+        ]
+
+
+async def test_result_sent_to_the_restarted_server_before_replay_waits(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    # C11 after a restart: the page re-sends its result on the new connection.
+    db = tmp_path / "ledger.sqlite3"
+    async with running_server(_config(db)) as server:
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")], client_id="page-1")
+        await tab.start_chat("call t {}", chat_id="chat-e")
+        invoke = await tab.expect("cf_agent_client_tool_invoke")
+        await tab.close()
+    async with running_server(_config(db)) as server:
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([], client_id="page-1")
+        await tab.send_result(invoke["requestId"], output=42)
+        assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "applied"
+        await settled(server.hub)
+        [execution] = server.app.state.ledger.executions()
+        assert execution.status == "completed"
+        assert server.app.state.ledger.steps(execution.id)[-1].result() == {
+            "events": [{"text": w} for w in ["t ", "-> ", "42"]]
+        }
+        await tab.close()
+
+
+async def test_divergence_fails_the_run_naming_the_step(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.sqlite3"
+    request = RunRequest("chat-x", [_user('call t {"a": 1}')])
+    with SqliteLedger(db) as ledger:
+        run = ledger.start_execution("s1", request.to_json(), now=time.time())
+        messages: list[Message] = [UserMessage('call t {"a": 1}')]
+        step_input = canonical_json({"step": 0, "messages": _digest(messages)})
+        ledger.record_step(run.id, 0, "model", "scripted", step_input, "server", now=time.time())
+        call = {"toolCallId": "c1", "toolName": "t", "input": {"a": 1}}
+        ledger.resolve(run.id, 0, canonical_json({"events": [{"toolCall": call}]}), now=time.time())
+        # The record at seq 1 says the call had another input.
+        ledger.record_step(run.id, 1, "tool", "t", '{"a": 2}', "client", time.time(), "r" * 32)
+    async with running_server(_config(db)) as server:
+        ledger = server.app.state.ledger
+        await _wait_for_status(ledger, run.id, "error")
+        error = ledger.get_execution(run.id).error
+        assert "step 1" in error and "diverged" in error
+        await settled(server.hub)
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"id": "u", "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def test_resolve_and_reject_never_raise(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    async with running_server(_config(tmp_path / "l.sqlite3")) as server:
+        hub = server.hub
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")])
+        request_id = await tab.start_chat("call t {}\ncall t {}")
+        invokes = [await tab.expect("cf_agent_client_tool_invoke") for _ in range(2)]
+        [execution] = server.app.state.ledger.executions()
+        step1, step2 = (server.app.state.ledger.step_by_request_id(i["requestId"]) for i in invokes)
+        too_big = hub.resolve(execution.id, step1.seq, "x" * 1_000_001)
+        assert not too_big.ok and too_big.reason == "too_large"
+        assert hub.resolve(execution.id, 99, 1).reason == "not_found"
+        assert hub.resolve("no-such-run", 0, 1).reason == "not_found"
+        assert hub.resolve(execution.id, step1.seq, {"by": "api"}).ok
+        assert hub.resolve(execution.id, step1.seq, 2).reason == "not_pending"
+        assert hub.reject(execution.id, step2.seq, "tool_error", "refused by an operator").ok
+        cancels = [await tab.expect("cf_agent_client_tool_cancel") for _ in range(2)]
+        assert {c["reason"] for c in cancels} == {"superseded"}
+        response = await tab.response(request_id)
+        assert response.text == 't -> {"by":"api"}\nt failed: tool_error: refused by an operator'
+        await tab.send_result(invokes[0]["requestId"], output=1)
+        assert (await tab.ack_for(invokes[0]["requestId"]))["outcome"] == "duplicate"
+        await tab.close()
+        await settled(hub)
+
+
+async def test_paused_run_expires_after_its_ttl(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    config = _config(tmp_path / "l.sqlite3", ttl=0.3, expiry_interval=0.05)
+    async with running_server(config) as server:
+        chat = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        tools = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tools.register([tool_spec("t")])
+        request_id = await chat.start_chat("call t {}")
+        await tools.expect("cf_agent_client_tool_invoke")
+        await tools.close()  # policy wait: the call is parked until the TTL runs out
+        response = await chat.response(request_id, timeout=5)
+        assert response.of_type("tool-output-error")[0]["errorText"].startswith("expired: ")
+        assert response.of_type("error")[0]["errorText"] == (
+            "this run waited longer than its time to live and expired"
+        )
+        [execution] = server.app.state.ledger.executions()
+        assert execution.status == "expired"
+        await chat.close()
+        await settled(server.hub)
+
+
+async def test_oversize_result_refused_by_the_ledger_is_readable(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    # The wire allows a bit more than the ledger stores: the ledger's refusal
+    # still reaches the model as an error it can read.
+    config = _config(tmp_path / "l.sqlite3", max_result_bytes=1_040_000)
+    async with running_server(config) as server:
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("big")])
+        request_id = await tab.start_chat("call big {}")
+        invoke = await tab.expect("cf_agent_client_tool_invoke")
+        await tab.send_result(invoke["requestId"], output="x" * 1_000_010)
+        assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "invalid"
+        text = (await tab.response(request_id)).text
+        assert text.startswith("big failed: output_too_large: result is 1,000,012 bytes as JSON")
+        await tab.close()
+        await settled(server.hub)

@@ -1,0 +1,270 @@
+"""Browser tools as proxies: timeouts, acks, routing, disconnects, approvals, limits (S1-S6)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from server_harness import FakeBrowser, settled, tool_spec
+
+from clienttools_server.app import RunningServer
+
+
+async def test_timeout_cancels_and_a_late_result_is_stale(
+    start_server: Any, open_browser: Any
+) -> None:
+    server = await start_server()
+    tab = await open_browser(server)
+    await tab.register([tool_spec("slow", timeoutMs=150)])
+    request_id = await tab.start_chat("call slow {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    cancel = await tab.expect("cf_agent_client_tool_cancel", requestId=invoke["requestId"])
+    assert cancel["reason"] == "timeout"
+    response = await tab.response(request_id)
+    assert response.text.startswith("slow failed: timeout: the tool 'slow' ran past its time limit")
+    await tab.send_result(invoke["requestId"], output="late")
+    ack = await tab.ack_for(invoke["requestId"])
+    assert ack["outcome"] == "stale"
+    await settled(server.hub)
+
+
+async def test_progress_restarts_the_idle_clock(start_server: Any, open_browser: Any) -> None:
+    server = await start_server(tool_timeout=0.25)
+    tab = await open_browser(server)
+    await tab.register([tool_spec("busy")])
+    request_id = await tab.start_chat("call busy {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    rid = invoke["requestId"]
+    for step in range(1, 6):  # 0.5 s in all, twice the idle timeout
+        await asyncio.sleep(0.1)
+        await tab.send(
+            {"type": "cf_agent_client_tool_progress", "requestId": rid, "progress": step}
+        )
+    await tab.send_result(rid, output="ok")
+    assert (await tab.ack_for(rid))["outcome"] == "applied"
+    assert (await tab.response(request_id)).text == 'busy -> "ok"'
+    await settled(server.hub)
+
+
+async def test_hard_maximum_applies_despite_progress(start_server: Any, open_browser: Any) -> None:
+    server = await start_server(tool_timeout=0.2, max_tool_timeout=0.5)
+    tab = await open_browser(server)
+    await tab.register([tool_spec("busy", timeoutMs=60_000)])  # capped by the maximum
+    request_id = await tab.start_chat("call busy {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    assert invoke["timeoutMs"] == 500
+    rid = invoke["requestId"]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for step in range(1, 20):
+        await asyncio.sleep(0.05)
+        if any(f["type"] == "cf_agent_client_tool_cancel" for f in tab.inbox):
+            break
+        await tab.send(
+            {"type": "cf_agent_client_tool_progress", "requestId": rid, "progress": step}
+        )
+    await tab.expect("cf_agent_client_tool_cancel", requestId=rid, reason="timeout")
+    assert 0.4 < loop.time() - began < 1.5
+    assert "timeout" in (await tab.response(request_id)).text
+    await settled(server.hub)
+
+
+async def test_duplicate_result(server: RunningServer, tab: FakeBrowser) -> None:
+    await tab.register([tool_spec("t")])
+    request_id = await tab.start_chat("call t {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    await tab.send_result(invoke["requestId"], output=1)
+    await tab.send_result(invoke["requestId"], output=2)
+    assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "applied"
+    assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "duplicate"
+    assert (await tab.response(request_id)).text == "t -> 1"
+    # Long after the run: still a duplicate, not stale.
+    await tab.send_result(invoke["requestId"], error={"code": "tool_error", "message": "x"})
+    assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "duplicate"
+    await settled(server.hub)
+
+
+async def test_unknown_request_is_stale(server: RunningServer, tab: FakeBrowser) -> None:
+    await tab.send_result("f" * 32, output=1)
+    ack = await tab.ack_for("f" * 32)
+    assert ack["outcome"] == "stale"
+
+
+async def test_result_from_another_connection_or_session_is_invalid(
+    server: RunningServer, open_browser: Any
+) -> None:
+    tab = await open_browser(server, "s1")
+    same_session = await open_browser(server, "s1")
+    other_session = await open_browser(server, "s2")
+    await tab.register([tool_spec("t")])
+    await same_session.register([], client_id="another-page")
+    request_id = await tab.start_chat("call t {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    rid = invoke["requestId"]
+    await same_session.send_result(rid, output="forged")
+    assert (await same_session.ack_for(rid))["outcome"] == "invalid"
+    await other_session.send_result(rid, output="forged")
+    assert (await other_session.ack_for(rid))["outcome"] == "invalid"
+    # The call is unaffected: the real result still applies.
+    await tab.send_result(rid, output="real")
+    assert (await tab.ack_for(rid))["outcome"] == "applied"
+    assert (await tab.response(request_id)).text == 't -> "real"'
+    await settled(server.hub)
+
+
+async def test_output_schema_violation_is_invalid(server: RunningServer, tab: FakeBrowser) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    await tab.register([tool_spec("typed", outputSchema=schema)])
+    request_id = await tab.start_chat("call typed {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    await tab.send_result(invoke["requestId"], output={"n": "one"})
+    ack = await tab.ack_for(invoke["requestId"])
+    assert ack["outcome"] == "invalid" and "outputSchema" in ack["message"]
+    text = (await tab.response(request_id)).text
+    assert text.startswith("typed failed: invalid_output: the result does not match outputSchema")
+    await settled(server.hub)
+
+
+async def test_oversize_result_is_invalid(server: RunningServer, tab: FakeBrowser) -> None:
+    await tab.register([tool_spec("big")])
+    request_id = await tab.start_chat("call big {}")
+    invoke = await tab.expect("cf_agent_client_tool_invoke")
+    await tab.send_result(invoke["requestId"], output="x" * 1_000_000)  # 1,000,002 bytes as JSON
+    ack = await tab.ack_for(invoke["requestId"])
+    assert ack["outcome"] == "invalid" and "1,000,002" in ack["message"]
+    assert (await tab.response(request_id)).text.startswith("big failed: output_too_large:")
+    await settled(server.hub)
+
+
+async def test_invoke_goes_to_the_newest_registration(
+    server: RunningServer, open_browser: Any
+) -> None:
+    old = await open_browser(server)
+    new = await open_browser(server)
+    await old.register([tool_spec("where")], handlers={"where": _const("old")})
+    await new.register([tool_spec("where")], handlers={"where": _const("new")})
+    assert (await old.chat("call where {}")).text == 'where -> "new"'
+    assert not old.invokes and len(new.invokes) == 1
+    await settled(server.hub)
+
+
+def _const(value: Any) -> Any:
+    async def run(tool_input: dict[str, Any]) -> Any:
+        return value
+
+    return run
+
+
+async def test_disconnect_policy_fail(start_server: Any, open_browser: Any) -> None:
+    server = await start_server(disconnect_policy="fail")
+    chat = await open_browser(server)
+    tools = await open_browser(server)
+    await tools.register([tool_spec("t")])
+    request_id = await chat.start_chat("call t {}")
+    await tools.expect("cf_agent_client_tool_invoke")
+    await tools.close()
+    text = (await chat.response(request_id)).text
+    assert text == "t failed: disconnected: the browser disconnected while the tool ran"
+    await settled(server.hub)
+
+
+async def test_disconnect_policy_wait_redelivers(server: RunningServer, open_browser: Any) -> None:
+    chat = await open_browser(server)
+    tools = await open_browser(server)
+    await tools.register([tool_spec("t")], client_id="page-1")
+    request_id = await chat.start_chat("call t {}")
+    first = await tools.expect("cf_agent_client_tool_invoke")
+    await tools.close()
+    await asyncio.sleep(0.05)
+    assert server.hub.stats()["pending_calls"] == 1 and server.hub.stats()["timers"] == 0
+    again = await open_browser(server)
+    await again.register([tool_spec("t")], client_id="page-1")
+    second = await again.expect("cf_agent_client_tool_invoke")
+    assert second["requestId"] == first["requestId"]
+    assert (first["attempt"], second["attempt"]) == (1, 2)
+    await again.send_result(second["requestId"], output="second try")
+    assert (await chat.response(request_id)).text == 't -> "second try"'
+    await settled(server.hub)
+
+
+async def test_result_resent_from_the_reconnected_page_applies(
+    server: RunningServer, open_browser: Any
+) -> None:
+    # C11: a page re-sends unacknowledged results after reconnecting, maybe
+    # before it registers again; the same clientId in the same session is accepted.
+    chat = await open_browser(server)
+    tools = await open_browser(server)
+    await tools.register([tool_spec("t")], client_id="page-9")
+    request_id = await chat.start_chat("call t {}")
+    invoke = await tools.expect("cf_agent_client_tool_invoke")
+    await tools.close()
+    again = await open_browser(server)
+    await again.register([], client_id="page-9")
+    await again.send_result(invoke["requestId"], output="kept")
+    assert (await again.ack_for(invoke["requestId"]))["outcome"] == "applied"
+    assert (await chat.response(request_id)).text == 't -> "kept"'
+    await settled(server.hub)
+
+
+async def test_approval_granted(server: RunningServer, tab: FakeBrowser) -> None:
+    await tab.register([tool_spec("guarded", needsApproval=True)], handlers={"guarded": _const(7)})
+    request_id = await tab.start_chat("call guarded {}")
+    async with asyncio.timeout(3):
+        while (
+            not tab.chunks.get(request_id)
+            or tab.chunks[request_id][-1]["type"] != "tool-approval-request"
+        ):
+            await asyncio.sleep(0.01)
+    request = tab.chunks[request_id][-1]
+    assert not tab.invokes  # nothing runs before the human says yes
+    await tab.send(
+        {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"], "approved": True}
+    )
+    response = await tab.response(request_id)
+    assert response.text == "guarded -> 7"
+    kinds = response.types
+    assert kinds.index("tool-approval-request") < kinds.index("tool-output-available")
+    await settled(server.hub)
+
+
+async def test_approval_denied(server: RunningServer, tab: FakeBrowser) -> None:
+    await tab.register([tool_spec("guarded", needsApproval=True)], handlers={"guarded": _const(7)})
+    request_id = await tab.start_chat("call guarded {}")
+    async with asyncio.timeout(3):
+        while (
+            not tab.chunks.get(request_id)
+            or tab.chunks[request_id][-1]["type"] != "tool-approval-request"
+        ):
+            await asyncio.sleep(0.01)
+    call_id = tab.chunks[request_id][-1]["toolCallId"]
+    await tab.send(
+        {
+            "type": "cf_agent_tool_approval",
+            "toolCallId": call_id,
+            "approved": False,
+            "reason": "not now",
+        }
+    )
+    response = await tab.response(request_id)
+    assert response.of_type("tool-output-denied") == [
+        {"type": "tool-output-denied", "toolCallId": call_id}
+    ]
+    assert response.text == "guarded failed: denied: not now"
+    assert not tab.invokes
+    # An approval nobody waits for is a protocol error, not a crash.
+    await tab.send({"type": "cf_agent_tool_approval", "toolCallId": call_id, "approved": True})
+    assert "no approval is pending" in (await tab.expect("cf_agent_protocol_error"))["message"]
+    await settled(server.hub)
+
+
+async def test_registration_limits_in_the_ack(server: RunningServer, tab: FakeBrowser) -> None:
+    big = tool_spec("big", description="x" * 70_000)
+    tools = [tool_spec("dup"), tool_spec("dup"), tool_spec("server_time"), big]
+    tools += [tool_spec(f"t{i}") for i in range(130)]
+    ack = await tab.register(tools)
+    reasons = {r["name"]: r["reason"] for r in ack["rejected"]}
+    assert "already" in reasons["dup"]
+    assert "server tool" in reasons["server_time"]
+    assert "65,536" in reasons["big"]
+    assert len(ack["accepted"]) == 128
+    assert "at most 128" in reasons["t127"]

@@ -1,0 +1,149 @@
+"""Pure pieces: scripted model parsing, the JSON Schema checker, the CLI, static files, pings."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from server_harness import FakeBrowser
+from websockets.asyncio.client import connect
+
+from clienttools_server.__main__ import config_from_args
+from clienttools_server.config import ServerConfig
+from clienttools_server.models import (
+    AssistantMessage,
+    ScriptedModel,
+    TextDelta,
+    ToolCall,
+    ToolDescription,
+    ToolResult,
+    UserMessage,
+    parse_call_line,
+    words,
+)
+from clienttools_server.schema import schema_errors
+
+
+@given(st.text())
+def test_words_rebuild_the_text(text: str) -> None:
+    assert "".join(words(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("line", "parsed"),
+    [
+        ('call echo {"a": 1}', ("echo", {"a": 1})),
+        ("  call t  ", ("t", {})),
+        ("call t [1]", None),
+        ("call t {bad", None),
+        ("please call t {}", None),
+        ("call 9t {}", None),
+    ],
+)
+def test_call_lines(line: str, parsed: Any) -> None:
+    assert parse_call_line(line) == parsed
+
+
+async def test_scripted_model_answers_one_line_per_call() -> None:
+    calls = (ToolCall("c1", "a", {}), ToolCall("c2", "b", {}))
+    history = [
+        UserMessage("call a {}\ncall b {}"),
+        AssistantMessage("", calls),
+        ToolResult("c2", "b", error={"code": "timeout", "message": "too slow"}),
+        ToolResult("c1", "a", output={"k": [1, 2]}),
+    ]
+    tools = [ToolDescription("a", "", {}), ToolDescription("b", "", {})]
+    events = [e async for e in ScriptedModel().stream(history, tools)]
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == 'a -> {"k":[1,2]}\nb failed: timeout: too slow'
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "ok"),
+    [
+        ({"type": "object", "required": ["a"]}, {"a": 1}, True),
+        ({"type": "object", "required": ["a"]}, {}, False),
+        ({"type": "object", "additionalProperties": False}, {"x": 1}, False),
+        ({"type": "array", "items": {"type": "integer"}}, [1, 2.0], True),
+        ({"type": "array", "items": {"type": "integer"}}, [1, "2"], False),
+        ({"type": ["string", "null"]}, None, True),
+        ({"type": "integer"}, True, False),
+        ({"enum": [1, 2]}, 3, False),
+        ({"type": "number", "minimum": 0, "exclusiveMaximum": 1}, 1, False),
+        ({"type": "string", "maxLength": 2}, "abc", False),
+        ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, 3, True),
+        ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 3, False),
+        ({"$ref": "#/$defs/x"}, 3, True),
+    ],
+)
+def test_schema_checker(schema: dict[str, Any], value: Any, ok: bool) -> None:
+    assert (schema_errors(schema, value) == []) is ok
+
+
+def test_cli_options_become_a_config() -> None:
+    config = config_from_args(
+        [
+            "--port", "0", "--static", "a", "--static", "b", "--db", "x.db", "--token", "t",
+            "--allow-origin", "https://a.example", "--tool-timeout", "5",
+            "--max-tool-timeout", "9", "--disconnect-policy", "fail", "--ttl", "60",
+            "--log-level", "debug",
+        ]
+    )  # fmt: skip
+    assert config == ServerConfig(
+        port=0, static_dirs=("a", "b"), db="x.db", token="t",
+        allow_origins=("https://a.example",), tool_timeout=5.0, max_tool_timeout=9.0,
+        disconnect_policy="fail", ttl=60.0, log_level="debug",
+    )  # fmt: skip
+
+
+def test_cli_help_explains_every_option() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "clienttools_server", "--help"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    for flag in (
+        "--host", "--port", "--static", "--db", "--token", "--allow-origin", "--tool-timeout",
+        "--max-tool-timeout", "--disconnect-policy", "--model", "--log-level", "--ttl",
+    ):  # fmt: skip
+        assert flag in done.stdout
+
+
+async def test_static_dirs_first_match_wins(tmp_path: Path, start_server: Any) -> None:
+    first, second = tmp_path / "demo", tmp_path / "web"
+    first.mkdir()
+    second.mkdir()
+    (first / "index.html").write_text("demo index")
+    (second / "index.html").write_text("shadowed")
+    (second / "app.js").write_text("built")
+    server = await start_server(static_dirs=(str(first), str(second)))
+    assert await _http_get(server.port, "/") == "demo index"
+    assert await _http_get(server.port, "/app.js") == "built"
+
+
+async def _http_get(port: int, path: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    data = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return data.split(b"\r\n\r\n", 1)[1].decode()
+
+
+async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
+    server = await start_server(ping_interval=0.05)
+    tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    ping = await tab.expect("cf_agent_ping")
+    await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
+    await tab.close()
+
+
+async def test_wrong_path_is_not_a_chat(server: Any) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - any refusal of the handshake will do
+        async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
+            pass
