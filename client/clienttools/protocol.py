@@ -14,6 +14,7 @@ the wire.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -332,9 +333,13 @@ def _parse(
     if size > max_bytes:
         raise FrameError(f"frame of {size} bytes is over the {max_bytes}-byte limit")
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame is not valid JSON: {exc}") from None
+    if _ESCAPED_SURROGATE.search(text) and not _encodable(raw):
+        # An escaped lone surrogate ("\ud800") decodes to a str that UTF-8 cannot
+        # encode: accepting it would make the frame impossible to send on or store.
+        raise FrameError("frame is not valid JSON: it contains a lone UTF-16 surrogate")
     if not isinstance(raw, dict):
         raise FrameError(f"frame must be a JSON object, got {type(raw).__name__}")
     request_id = raw.get("requestId")
@@ -356,6 +361,22 @@ def _parse(
         ) from None
     except RecursionError:
         raise FrameError("frame is nested too deeply", request_id=request_id) from None
+
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_constant(name: str) -> object:
+    # Python's json accepts NaN and Infinity; JSON does not, and neither can we send them.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _encodable(value: object) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe_validation_error(exc: ValidationError, limit: int = 3, skip: int = 0) -> str:

@@ -1,0 +1,80 @@
+"""Wire models: what parses, what is refused, and that dumping gives camelCase JSON back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clienttools import protocol as p
+
+
+def test_result_with_null_output_keeps_the_output_key() -> None:
+    frame = p.parse_client_frame(
+        '{"type":"cf_agent_client_tool_result","requestId":"r","output":null}'
+    )
+    assert isinstance(frame, p.ToolResultFrame)
+    assert json.loads(p.dump_frame(frame)) == {
+        "type": "cf_agent_client_tool_result",
+        "requestId": "r",
+        "output": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"type":"cf_agent_client_tool_result","requestId":"r"}', "exactly one of"),
+        (
+            '{"type":"cf_agent_client_tool_result","requestId":"r","output":1,'
+            '"error":{"code":"timeout","message":"x"}}',
+            "exactly one of",
+        ),
+        ('{"type":"cf_agent_pong","t":NaN}', "NaN is not a JSON value"),
+        ('{"type":"cf_agent_pong","t":Infinity}', "Infinity is not a JSON value"),
+        (
+            '{"type":"cf_agent_client_tool_result","requestId":"r","output":"\\ud800"}',
+            "lone UTF-16 surrogate",
+        ),
+        (
+            '{"type":"cf_agent_client_tool_result","requestId":"r","output":{"\\udfff":1}}',
+            "surrogate",
+        ),
+        ('{"type":"who_knows"}', "unknown frame type 'who_knows'"),
+        ("[1, 2]", "must be a JSON object"),
+        ("{", "not valid JSON"),
+        ('{"type":"cf_agent_pong","t":"soon"}', "t: Input should be a valid number"),
+    ],
+)
+def test_refused_frames_say_why(text: str, reason: str) -> None:
+    with pytest.raises(p.FrameError, match=reason):
+        p.parse_client_frame(text)
+
+
+def test_escaped_surrogate_pairs_are_fine() -> None:
+    frame = p.parse_client_frame(
+        '{"type":"cf_agent_client_tool_result","requestId":"r","output":"\\ud83d\\ude00"}'
+    )
+    assert isinstance(frame, p.ToolResultFrame)
+    assert frame.output == "\N{GRINNING FACE}"
+
+
+def test_malformed_invoke_keeps_its_request_id() -> None:
+    with pytest.raises(p.FrameError) as caught:
+        p.parse_server_frame('{"type":"cf_agent_client_tool_invoke","requestId":"abc","input":[]}')
+    assert caught.value.request_id == "abc"
+    assert caught.value.frame_type == "cf_agent_client_tool_invoke"
+
+
+def test_binary_and_oversize_frames_are_refused() -> None:
+    with pytest.raises(p.FrameError, match="binary"):
+        p.parse_server_frame(b"{}")
+    with pytest.raises(p.FrameError, match="over the 100-byte limit"):
+        p.parse_server_frame(
+            '{"type":"cf_agent_ping","t":1,"pad":"' + "x" * 100 + '"}', max_bytes=100
+        )
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    frame = p.parse_server_frame('{"type":"cf_agent_ping","t":3,"future":true}')
+    assert frame == p.PingFrame(t=3)
