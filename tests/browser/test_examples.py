@@ -1,0 +1,109 @@
+"""The examples in docs/client.md run: each page loads, connects, and the agent calls its tools.
+
+The pages are the files in examples/, served by the reference server as a real
+process; the docs must contain them verbatim, so the docs cannot drift from what
+is tested. A CPython chat peer on the same session asks the scripted model to
+call the page's tools, and the answers come back in one response.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser
+from websockets.sync.client import connect
+
+from tests.conftest import PLAYWRIGHT_CONFIG, ROOT
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.browser
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def server(web_build: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(["--static", str(EXAMPLES), "--static", str(web_build)]).start()
+    yield process
+    process.stop()
+
+
+def chat(server: ServerProcess, session: str, text: str) -> list[dict[str, Any]]:
+    """Send one user message; return the chunks of the response, checking it is one stream."""
+    request_id = secrets.token_hex(8)
+    message = {
+        "id": secrets.token_hex(8),
+        "role": "user",
+        "parts": [{"type": "text", "text": text}],
+    }
+    frame = {
+        "type": "send",
+        "requestId": request_id,
+        "id": session,
+        "trigger": "submit-message",
+        "messages": [message],
+        "headers": {},
+        "body": {},
+        "metadata": None,
+    }
+    chunks: list[dict[str, Any]] = []
+    with connect(server.ws_url(session), open_timeout=10) as ws:
+        ws.send(json.dumps(frame))
+        while True:
+            received = json.loads(ws.recv(timeout=30))
+            if received.get("requestId") != request_id:
+                continue
+            if received["type"] == "chunk":
+                assert received["sequence"] == len(chunks)
+                chunks.append(received["chunk"])
+            elif received["type"] in ("end", "error"):
+                assert received["type"] == "end", received
+                return chunks
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+
+def fenced_html_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```html\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+def test_docs_show_the_example_files_verbatim() -> None:
+    blocks = fenced_html_blocks((ROOT / "docs" / "client.md").read_text())
+    for name in ("pyscript.html", "pyodide.html"):
+        assert (EXAMPLES / name).read_text() in blocks, (
+            f"docs/client.md does not show examples/{name}"
+        )
+
+
+@pytest.mark.parametrize("page_name", ["pyscript.html", "pyodide.html"])
+def test_example_page_answers_the_agent(
+    browser: Browser, server: ServerProcess, page_name: str
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/{page_name}")
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        chunks = chat(
+            server, "example", 'call page_title {}\ncall add_note {"text": "<b>milk</b>"}'
+        )
+        types = [c["type"] for c in chunks]
+        assert types.index("tool-input-available") < types.index("tool-output-available")
+        reply = text_of(chunks)
+        assert 'page_title -> "My notes"' in reply
+        assert "add_note -> 1" in reply
+        assert page.text_content("#notes li") == "<b>milk</b>"  # shown as text, not HTML
+        refused = text_of(chat(server, "example", 'call add_note {"text": "  "}'))
+        assert "add_note failed: tool_error: a note needs some text" in refused
+    finally:
+        context.close()
