@@ -186,20 +186,10 @@ def build_client_wheel(cache: Path) -> Path:
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(target),
-            str(ROOT),
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(target)]
+    built = subprocess.run([*command, str(ROOT)], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit(f"build_web: building clienttools failed:\n{built.stdout}{built.stderr}")
     wheels = sorted(target.glob("clienttools-*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"build_web: expected one clienttools wheel in {target}, found {wheels}")
@@ -285,9 +275,8 @@ def build(out: Path, cache: Path) -> None:
     if not lock_path.exists() or lock_path.read_text() != lock_text:
         lock_path.write_text(lock_text)
         copied += 1
-    log(
-        f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ready ({copied} files updated)"
-    )
+    where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    log(f"{where} ready ({copied} files updated)")
 
 
 def main(argv: list[str] | None = None) -> None:
