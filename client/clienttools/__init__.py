@@ -14,6 +14,8 @@ await client.connect()
 
 from __future__ import annotations
 
+import sys
+
 from clienttools.chat import Chat, ChatResponseError, ChatStatus, UIMessage
 from clienttools.client import ToolClient
 from clienttools.tools import (
@@ -32,6 +34,9 @@ from clienttools.transport import (
 )
 
 __version__ = "0.1.0"
+
+if sys.platform == "emscripten":  # in a page: the browser adapter, and logs to the console
+    import clienttools.browser  # noqa: F401
 
 __all__ = [
     "Chat",

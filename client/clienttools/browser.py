@@ -9,17 +9,19 @@ rarely touches it directly:
 Every JS callback is a `create_proxy` that this module keeps and destroys when
 its socket closes (or fails to open), so reconnecting forever leaks nothing.
 `BrowserConnector.proxies_created` and `.proxies_destroyed` count them; a
-browser test checks that they match after many reconnects.
+browser test checks that they match after many reconnects. Importing this module
+sends the SDK's log records to the browser console (see `ConsoleLogHandler`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import js
-from pyodide.ffi import create_proxy
+from pyodide.ffi import create_proxy, jsnull
 
 from clienttools.transport import ConnectionFailed
 
@@ -136,7 +138,35 @@ class SessionStorageOutbox:
 
     def load(self) -> str | None:
         value = js.sessionStorage.getItem(self.key)
-        return None if value is None else str(value)
+        return None if value is None or value is jsnull else str(value)
 
     def save(self, text: str) -> None:
         js.sessionStorage.setItem(self.key, text)
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Sends the SDK's log records to the browser console.
+
+    Without a handler, Python's last-resort handler writes warnings to stderr,
+    which PyScript shows as a red error banner in the page: an ignored bad frame
+    is worth a console line, not an error on the user's screen.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = f"{record.name}: {self.format(record)}"
+        if record.levelno >= logging.ERROR:
+            js.console.error(text)
+        elif record.levelno >= logging.WARNING:
+            js.console.warn(text)
+        else:
+            js.console.info(text)
+
+
+def log_to_console() -> None:
+    """Route the `clienttools` logger to the console (once); records still propagate."""
+    logger = logging.getLogger("clienttools")
+    if not any(isinstance(h, ConsoleLogHandler) for h in logger.handlers):
+        logger.addHandler(ConsoleLogHandler())
+
+
+log_to_console()
