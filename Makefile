@@ -37,6 +37,7 @@ test: bootstrap web
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: bootstrap web
+	@echo "clienttools demo: open http://$(HOST):$(PORT)/ (Ctrl+C stops it)"
 	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --static demo --static build/web
 
 bench: bootstrap web
