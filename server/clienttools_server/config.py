@@ -39,9 +39,13 @@ class ServerConfig:
     disconnect_policy: DisconnectPolicy = "wait"
     model: str = "scripted"
     log_level: str = "info"
-    # S8: paused runs expire after this long without progress; checked every expiry_interval.
+    # S8: paused runs expire after this long without progress; checked every expiry_interval
+    # (or every ttl / 2, when that is shorter).
     ttl: float = 86_400.0
     expiry_interval: float = 60.0
+    # S7: a response that ended stays resumable this long for a page that was following it
+    # (a resume with lastSequence), so a socket lost just before the end loses no chunk.
+    resume_grace: float = 300.0
     # Application pings (C12 clients treat 2.5 silent intervals as a dead socket).
     ping_interval: float = 15.0
     max_frame_bytes: int = MAX_FRAME_BYTES
@@ -59,3 +63,5 @@ class ServerConfig:
             raise ValueError(f"unknown disconnect policy {self.disconnect_policy!r}")
         if self.ttl <= 0 or self.expiry_interval <= 0 or self.ping_interval <= 0:
             raise ValueError("ttl, expiry_interval and ping_interval must be positive")
+        if self.resume_grace < 0:
+            raise ValueError("resume_grace must not be negative")

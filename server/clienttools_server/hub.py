@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,6 +51,16 @@ from .server_tools import ServerTool
 from .stream import ChunkLog
 
 logger = logging.getLogger(__name__)
+
+# S2 remembers the tools each session's pages registered, so a call to one of
+# them waits for a page instead of failing. Bounded, so a stream of session
+# names cannot grow the server without limit: the least recently used session
+# is forgotten first (its calls then fail as unknown_tool, as before).
+MAX_REMEMBERED_SESSIONS = 10_000
+MAX_REMEMBERED_TOOLS = 4 * MAX_TOOLS_PER_CONNECTION
+# Finished responses kept for a resume that names lastSequence; beyond this
+# many, the oldest goes first.
+MAX_FINISHED_RESPONSES = 1_000
 
 
 class Client(Peer, Protocol):
@@ -103,6 +114,12 @@ class Hub:
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
+        # session -> tool name -> the spec a page of the session registered last (S2)
+        self.known_tools: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
+        # (session, chat id) -> a response that ended, and when (time.monotonic()):
+        # a page that was following it and lost its socket just before the end
+        # still gets the chunks it missed and the end (see resume()).
+        self.finished: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -142,8 +159,11 @@ class Hub:
         return expired
 
     async def _expire_periodically(self) -> None:
+        # A TTL shorter than the check interval would otherwise be overrun by up
+        # to a whole interval (a 1 s TTL checked once a minute).
+        period = min(self.config.expiry_interval, self.config.ttl / 2)
         while True:
-            await asyncio.sleep(self.config.expiry_interval)
+            await asyncio.sleep(period)
             try:
                 self.expire_now()
             except Exception:
@@ -168,6 +188,9 @@ class Hub:
         Anything but a pending step (settled, unknown, too large to store,
         not JSON) comes back as an Outcome with ``ok`` False.
         """
+        refused = self._not_resolvable(execution_id, seq)
+        if refused is not None:
+            return refused
         try:
             result_json = canonical_json(output)
         except ValueError as exc:
@@ -176,8 +199,25 @@ class Hub:
 
     def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
         """Settle a pending step with an error and wake its run; never raises."""
+        refused = self._not_resolvable(execution_id, seq)
+        if refused is not None:
+            return refused
         error_json = canonical_json({"code": code, "message": message})
         return self._settled(self.ledger.reject(execution_id, seq, error_json, self.clock()))
+
+    def _not_resolvable(self, execution_id: str, seq: int) -> Outcome | None:
+        # S8 resolves `client` and `approval` entries. A pending `server` step is
+        # a model answer or a server tool this process is producing right now:
+        # settling it from outside would race the run that owns it.
+        step = self.ledger.get_step(execution_id, seq)
+        if step is not None and step.state == "pending" and step.resolution == "server":
+            return Outcome(
+                False, "invalid",
+                f"step {seq} of execution {execution_id} is a {step.kind} step the server "
+                "settles itself; only client and approval steps can be resolved",
+                step,
+            )  # fmt: skip
+        return None
 
     def _settled(self, outcome: Outcome) -> Outcome:
         if outcome.ok and outcome.step is not None:
@@ -231,8 +271,26 @@ class Hub:
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
         client.set_tools(frame.client_id, accepted, next(self._registrations))
+        self._remember_tools(client.session, accepted)
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
         self.browser.on_registered(client)
+
+    def _remember_tools(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
+        """S2: a tool a page of the session registered stays callable after the page left."""
+        known = self.known_tools.pop(session, {})
+        for name, spec in specs.items():
+            known.pop(name, None)  # re-inserted last: the newest registrations survive the cap
+            known[name] = spec
+        while len(known) > MAX_REMEMBERED_TOOLS:
+            del known[next(iter(known))]
+        self.known_tools[session] = known
+        while len(self.known_tools) > MAX_REMEMBERED_SESSIONS:
+            self.known_tools.popitem(last=False)
+
+    def remembered_tool(self, session: str, name: str) -> ToolSpec | None:
+        """The spec of a tool some page of the session registered, live or not."""
+        known = self.known_tools.get(session)
+        return None if known is None else known.get(name)
 
     def _refusal(self, spec: ToolSpec, accepted: Mapping[str, ToolSpec]) -> str | None:
         if spec.name in accepted:
@@ -297,10 +355,38 @@ class Hub:
             # the restarted server instead of seeing it end.
             if not self._closing or run.aborted:
                 log.finish()
+                self._keep_finished(session_name, log)
+
+    def _keep_finished(self, session_name: str, log: ChunkLog) -> None:
+        key = (session_name, log.chat_id)
+        self.finished.pop(key, None)
+        self.finished[key] = (log, time.monotonic())
+        self._prune_finished()
+
+    def _prune_finished(self) -> None:
+        cutoff = time.monotonic() - self.config.resume_grace
+        while self.finished:
+            key, (_, ended) = next(iter(self.finished.items()))
+            if ended >= cutoff and len(self.finished) <= MAX_FINISHED_RESPONSES:
+                break
+            del self.finished[key]
 
     def resume(self, client: Client, frame: ResumeFrame) -> None:
+        """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
+
+        Such a page was following the response and lost its socket (a server
+        restart, a network drop) just before the end. The result that finished
+        the run may arrive first (the page's own outbox re-sends it before its
+        chat resumes, C11), so without this the page would get ``no-active`` and
+        keep a truncated message. A resume without ``lastSequence`` asks what is
+        streaming now, and a finished response is not.
+        """
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
+        if log is None and frame.last_sequence is not None:
+            self._prune_finished()
+            kept = self.finished.get((client.session, frame.id))
+            log = kept[0] if kept is not None else None
         if log is None:
             client.send(NoActiveFrame(request_id=frame.request_id))
             return
@@ -327,8 +413,11 @@ class SessionTools:
         self.session = session
 
     def _browser_specs(self) -> dict[str, ToolSpec]:
+        # S2: the model sees every tool the session's pages registered; a call
+        # to one whose page is gone waits for the next page that registers it.
+        # A live page's spec wins over a remembered one.
         session = self.hub.sessions.get(self.session)
-        specs: dict[str, ToolSpec] = {}
+        specs: dict[str, ToolSpec] = dict(self.hub.known_tools.get(self.session, {}))
         if session is not None:
             for client in sorted(session.clients, key=lambda c: c.registration):
                 if client.is_open:
@@ -343,17 +432,21 @@ class SessionTools:
         ]
         return found
 
+    def _spec(self, name: str) -> ToolSpec | None:
+        peer = self.hub.find_peer(self.session, name)
+        spec = peer.tool_spec(name) if peer is not None else None
+        return spec if spec is not None else self.hub.remembered_tool(self.session, name)
+
     def resolution_for(self, name: str) -> Resolution | None:
         if name in self.hub.server_tools:
             return "server"
-        return "client" if self.hub.find_peer(self.session, name) is not None else None
+        return "client" if self._spec(name) is not None else None
 
     def needs_approval(self, name: str) -> bool:
         tool = self.hub.server_tools.get(name)
         if tool is not None:
             return tool.needs_approval
-        peer = self.hub.find_peer(self.session, name)
-        spec = peer.tool_spec(name) if peer is not None else None
+        spec = self._spec(name)
         return bool(spec is not None and spec.needs_approval)
 
     async def run_server_tool(self, name: str, tool_input: JsonObject) -> JsonValue:

@@ -142,6 +142,11 @@ class BrowserTools:
             raise ValueError(f"step {step.seq} of {step.execution_id} has no request id")
         if step.request_id in self.pending:
             raise RuntimeError(f"request {step.request_id} is already pending")
+        fresh = self.ledger.get_step(step.execution_id, step.seq)
+        if fresh is None or fresh.state != "pending":
+            # Settled between the run's planning and this call (Hub.resolve, an
+            # outbox result after a restart, expiry): nothing to deliver.
+            return
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
             asyncio.get_running_loop().create_future(), delivered_before=step.attempts > 0,
@@ -264,7 +269,14 @@ class BrowserTools:
         for entry in self.pending.values():
             if (entry.execution_id, entry.seq) == (execution_id, seq) and entry.settled_by is None:
                 self._send_cancel(entry, "superseded")
-                entry.settled_by = "server"
+                # The page's late result gets the ack it would get once this entry
+                # is gone and only the ledger answers (_result_without_entry):
+                # `duplicate` after an output or a tool error, `stale` after an
+                # error the server settles calls with (expired, cancelled, ...).
+                step = self.ledger.get_step(execution_id, seq)
+                error = step.error() if step is not None else None
+                code = error.get("code") if error is not None else None
+                entry.settled_by = "server" if code in _SETTLED_WITHOUT_RESULT else "result"
                 self._stop_timers(entry)
                 if not entry.future.done():
                     entry.future.set_result(None)
