@@ -58,3 +58,21 @@ def static_server(web_build: Path) -> Iterator[StaticServer]:
     ).start()
     yield server
     server.stop()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/reliability/conftest.py: pytest reads options from the top conftest only.
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the reliability scenarios (tests/reliability) with many more iterations",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Playwright's sync API keeps an event loop running in the main thread for as
+    # long as the session-scoped browser lives; an asyncio test after it cannot
+    # start its own loop. So every test that uses the browser runs last (a stable
+    # sort: each module's browser tests stay together, in file order).
+    items.sort(key=lambda item: "browser" in getattr(item, "fixturenames", ()))

@@ -1618,6 +1618,25 @@ class Chat:
             unsubscribe()
         self._outcome()  # raises if the response ended in an error
 
+    async def resume(self) -> UIMessage | None:
+        """Rejoin the response the server is streaming for this chat; return it once finished.
+
+        For a page that reloaded in the middle of a response: after
+        ``connect()``, the response is replayed from its first chunk, then
+        followed live. Returns None when nothing was streaming. The chat id
+        must be the one used before the reload (``ToolClient`` takes it from
+        the session in its URL unless told otherwise).
+        """
+        if self._state.active:
+            raise ChatUsageError("a response is already in progress; wait for it or stop() it")
+        frame = self._state.begin_resume(self._id_factory())
+        done = self._done = asyncio.get_running_loop().create_future()
+        self._changed()
+        await self._send(json.dumps(frame))
+        await done
+        message = self._outcome()
+        return message if message.parts else None
+
     async def stop(self) -> None:
         """Abort the response in flight (status ``ready`` at once)."""
         frame = self._state.abort()

@@ -45,7 +45,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeAlias, TypeVar, overload
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from clienttools import protocol
 from clienttools.chat import Chat
@@ -115,6 +115,8 @@ class ToolClient:
         reconnect: reconnect after an unexpected close (C11).
         client_id: sent in the tools frame; stable per page load by default.
         max_result_bytes: results larger than this are `output_too_large`.
+        chat_id: the `id` of the chat frames; by default the session named by
+            the URL's last path segment, so a reloaded page can `chat.resume()`.
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class ToolClient:
         reconnect: bool = True,
         client_id: str | None = None,
         max_result_bytes: int = protocol.MAX_RESULT_BYTES,
+        chat_id: str | None = None,
     ) -> None:
         if connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
@@ -147,7 +150,7 @@ class ToolClient:
             ping_interval=ping_interval,
             max_result_bytes=max_result_bytes,
         )
-        self.chat = Chat(self._send_chat_frame)
+        self.chat = Chat(self._send_chat_frame, chat_id=chat_id or _session_of(url))
         self._status: ConnectionStatus = "idle"
         self._status_callbacks: list[StatusCallback] = []
         self._closed_event: asyncio.Event | None = None
@@ -644,6 +647,12 @@ def _closed_before_ack(socket: Socket) -> str:
     reason = getattr(socket, "close_reason", "") or ""
     detail = f" with code {code}{f' ({reason})' if reason else ''}" if code else ""
     return f"the server closed the connection{detail} before acknowledging the tools"
+
+
+def _session_of(url: str) -> str:
+    """The last path segment of the URL: the session in `/agents/chat/{session}`."""
+    path = urlsplit(url).path.rstrip("/")
+    return unquote(path.rsplit("/", 1)[-1]) or "chat"
 
 
 def _with_token(url: str, token: str | None) -> str:

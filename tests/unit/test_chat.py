@@ -940,3 +940,34 @@ async def test_a_failing_callback_does_not_break_the_chat(
     chat.feed({"type": "end", "requestId": frame["requestId"]})
     assert (await task).text == "Hello, world."
     assert "on_change callback failed" in caplog.text
+
+
+async def test_resume_after_a_reload_replays_the_whole_response(
+    chat: Chat, socket: FakeSocket
+) -> None:
+    task = asyncio.create_task(chat.resume())
+    frame = await until_sent(socket, 1)
+    assert frame["type"] == "resume" and frame["id"] == "chat-1"
+    assert "lastSequence" not in frame  # a fresh page asks for everything
+    play(chat, frame["requestId"], corpus("one_tool_call"))
+    chat.feed({"type": "end", "requestId": frame["requestId"]})
+    message = await task
+    assert message is not None and message.text == "It is 18 °C and cloudy in Paris."
+    assert read(chat.status) == "ready"
+
+
+async def test_resume_with_nothing_streaming_returns_none(chat: Chat, socket: FakeSocket) -> None:
+    task = asyncio.create_task(chat.resume())
+    frame = await until_sent(socket, 1)
+    chat.feed({"type": "no-active", "requestId": frame["requestId"]})
+    assert await task is None
+    assert read(chat.status) == "ready"
+
+
+async def test_resume_refuses_while_a_response_runs(chat: Chat, socket: FakeSocket) -> None:
+    task = asyncio.create_task(chat.send("hi"))
+    await until_sent(socket, 1)
+    with pytest.raises(ChatUsageError):
+        await chat.resume()
+    await chat.stop()
+    await task

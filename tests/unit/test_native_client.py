@@ -466,3 +466,9 @@ async def test_chat_frames_share_the_socket(server: ScriptedServer, client: Tool
     await server.send({"type": "end", "requestId": request_id})
     message = await asyncio.wait_for(reply, 2.0)
     assert message.text == "hello"
+
+
+def test_the_chat_id_defaults_to_the_session_so_a_reload_can_resume() -> None:
+    client = ToolClient("ws://127.0.0.1:1/agents/chat/my%20room?x=1", token="t")
+    assert client.chat.state.chat_id == "my room"
+    assert ToolClient("ws://h/agents/chat/s", chat_id="c").chat.state.chat_id == "c"

@@ -4,7 +4,6 @@
 # published into #state with the chat's state for the test to read.
 import asyncio
 import json
-import uuid
 from urllib.parse import parse_qs
 
 import js
@@ -96,11 +95,11 @@ def send_chat(text: str) -> None:
 
 
 def resume_chat() -> None:
-    # A reloaded page has no response in flight: ask for the chat's response
-    # from its first chunk (no lastSequence), as a fresh page of a stock app would.
-    frame = client.chat.state.begin_resume(f"resume-{uuid.uuid4().hex}")
-    turns.append([frame["requestId"]])
-    client.send_frame(json.dumps(frame))
+    # A reloaded page has no response in flight: rejoin the chat's response from
+    # its first chunk, as a stock app would after a reload.
+    turns.append([])
+    task = asyncio.ensure_future(client.chat.resume())
+    task.add_done_callback(lambda t: t.cancelled() or t.exception() or None)
     publish()
 
 
