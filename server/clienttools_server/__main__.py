@@ -110,6 +110,14 @@ def parser() -> argparse.ArgumentParser:
         help="a paused run expires after this long without progress (default: %(default)s)",
     )
     p.add_argument(
+        "--idle-timeout",
+        type=_positive,
+        default=defaults.idle_timeout,
+        metavar="SECONDS",
+        help="close a connection that has neither registered tools nor sent a chat frame "
+        "after this long (default: %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         default=defaults.log_level,
         choices=("critical", "error", "warning", "info", "debug", "trace"),
@@ -133,6 +141,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         model=args.model,
         log_level=args.log_level,
         ttl=args.ttl,
+        idle_timeout=args.idle_timeout,
     )
 
 

@@ -48,6 +48,9 @@ class ServerConfig:
     resume_grace: float = 300.0
     # Application pings (C12 clients treat 2.5 silent intervals as a dead socket).
     ping_interval: float = 15.0
+    # A connection that has neither registered tools nor sent a chat frame by then is
+    # closed (1008): an idle socket must not hold server resources forever.
+    idle_timeout: float = 30.0
     max_frame_bytes: int = MAX_FRAME_BYTES
     max_result_bytes: int = MAX_RESULT_BYTES
     # S9: this many malformed frames within flood_window seconds close the socket with 1008.
@@ -61,7 +64,9 @@ class ServerConfig:
             raise ValueError("tool timeouts must be positive")
         if self.disconnect_policy not in ("wait", "fail"):
             raise ValueError(f"unknown disconnect policy {self.disconnect_policy!r}")
-        if self.ttl <= 0 or self.expiry_interval <= 0 or self.ping_interval <= 0:
-            raise ValueError("ttl, expiry_interval and ping_interval must be positive")
+        if min(self.ttl, self.expiry_interval, self.ping_interval, self.idle_timeout) <= 0:
+            raise ValueError(
+                "ttl, expiry_interval, ping_interval and idle_timeout must be positive"
+            )
         if self.resume_grace < 0:
             raise ValueError("resume_grace must not be negative")

@@ -55,6 +55,10 @@ CLOSE_TOO_BIG = 1009
 MAX_SESSION_NAME = 256
 
 
+# Frames that show a peer is a page or a chat, not an idle socket (see idle_timeout).
+ENGAGING_FRAMES = (ClientToolsFrame, SendFrame, ResumeFrame)
+
+
 def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -> bool:
     """S10: is a handshake with this ``Origin`` header allowed?
 
@@ -162,9 +166,18 @@ class Connection:
 
     async def _read(self) -> int | None:
         limit = self._config.max_frame_bytes
+        # Until the peer registers tools or speaks chat, it gets idle_timeout seconds in all.
+        idle_deadline: float | None = time.monotonic() + self._config.idle_timeout
         while True:
             try:
-                message = await self._websocket.receive()
+                if idle_deadline is None:
+                    message = await self._websocket.receive()
+                else:
+                    remaining = idle_deadline - time.monotonic()
+                    message = await asyncio.wait_for(self._websocket.receive(), max(remaining, 0))
+            except TimeoutError:
+                logger.info("closing %s: nothing registered within the idle timeout", self._id)
+                return CLOSE_POLICY_VIOLATION
             except (WebSocketDisconnect, RuntimeError, OSError):
                 return None
             if message["type"] == "websocket.disconnect":
@@ -184,6 +197,8 @@ class Connection:
                     logger.info("closing %s: a flood of malformed frames", self._id)
                     return CLOSE_POLICY_VIOLATION
                 continue
+            if isinstance(frame, ENGAGING_FRAMES):
+                idle_deadline = None
             try:
                 self._dispatch(frame)
             except Exception:

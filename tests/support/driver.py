@@ -248,7 +248,7 @@ class ToolDriver:
         return self.result(session, request_id, timeout)
 
     def drop(self, session: str) -> None:
-        """Cut the session's live connection abruptly (no close handshake from the client's view)."""
+        """Cut the session's live connection abruptly, without a close handshake."""
         peer = self.peer(session)
         assert peer is not None
         self._run(peer.connection.close(code=1012, reason="driver dropped the connection"))

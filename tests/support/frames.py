@@ -20,6 +20,7 @@ kinds (names in `MUTATIONS`). Huge strings (up to ~2 MB) are deliberately rare.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -363,7 +364,8 @@ def _wrong_type(draw: DrawFn, rnd: Random, obj: dict[str, Any]) -> Wire:
             break
         current = _get(obj, path)
         choices = [v for v in _SAMPLE_VALUES if _json_kind(v) != _json_kind(current)]
-        _set(obj, path, rnd.choice(choices))
+        # A copy: the shared sample must not be mutated, nor end up inside itself.
+        _set(obj, path, copy.deepcopy(rnd.choice(choices)))
     return json.dumps(obj)
 
 

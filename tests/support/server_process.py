@@ -10,7 +10,6 @@ server.stop()
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -46,10 +45,15 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> ServerProcess:
         command = [sys.executable, "-m", "clienttools_server", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--log-level", "warning", *self.args]
-        output = self.log.open("ab") if self.log else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=output, stderr=output, env=os.environ.copy()
-        )
+        if self.log is None:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        else:
+            with self.log.open("ab") as output:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(
+                    command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+                )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
