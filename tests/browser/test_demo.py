@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.browser
 
@@ -45,56 +45,16 @@ SERVER_START_TIMEOUT = 30.0
 DRIVE_TIMEOUT = 300.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def demo_url(web_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m clienttools_server` serving demo/ and build/web/ on a free port."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("demo-server") / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "clienttools_server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--static",
-                "demo",
-                "--static",
-                "build/web",
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    log = tmp_path_factory.mktemp("demo-server") / "server.log"
+    server = ServerProcess(["--static", "demo", "--static", str(web_build)], log=log)
+    server.start(timeout=SERVER_START_TIMEOUT)
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited with {process.returncode}:\n{log_path.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the server did not listen within {SERVER_START_TIMEOUT} s")
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop()
 
 
 @dataclass

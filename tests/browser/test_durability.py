@@ -20,14 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +31,7 @@ from playwright.sync_api import Browser, BrowserContext, Page
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import PLAYWRIGHT_CONFIG, ROOT
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.browser
 logger = logging.getLogger(__name__)
@@ -51,68 +46,19 @@ TEXT = 'call work {"job": "k"}'
 # -- the server process -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ServerProcess:
-    """``python -m clienttools_server`` on a fixed port and ledger; killable and restartable."""
+class DurableServer(ServerProcess):
+    """The server on a SQLite ledger and a clock the test can move forward."""
 
     def __init__(self, tmp: Path, web: Path) -> None:
-        self.port = _free_port()
         self.db = tmp / "ledger.sqlite3"
         self.clock_file = tmp / "clock-offset"
         self.clock_file.write_text("0")
-        self.log = tmp / "server.log"
-        self.web = web
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, *extra: str) -> ServerProcess:
-        assert self.process is None
-        env = {**os.environ, "CLIENTTOOLS_CLOCK_OFFSET_FILE": str(self.clock_file)}
-        args = [
-            sys.executable, "-m", "clienttools_server", "--host", "127.0.0.1",
-            "--port", str(self.port), "--db", str(self.db), "--log-level", "warning",
-            "--static", str(ROOT / "tests" / "browser" / "pages"), "--static", str(self.web),
-            *extra,
-        ]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/durable.html", timeout=2):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, as in a crash."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
+        pages = ROOT / "tests" / "browser" / "pages"
+        super().__init__(
+            ["--db", str(self.db), "--static", str(pages), "--static", str(web)],
+            log=tmp / "server.log",
+            env={"CLIENTTOOLS_CLOCK_OFFSET_FILE": str(self.clock_file)},
+        )
 
     def advance_clock(self, seconds: float) -> None:
         self.clock_file.write_text(str(float(self.clock_file.read_text()) + seconds))
@@ -135,8 +81,8 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, web_build: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(tmp_path_factory.mktemp("durable"), web_build).start()
+def server(tmp_path_factory: pytest.TempPathFactory, web_build: Path) -> Iterator[DurableServer]:
+    process = DurableServer(tmp_path_factory.mktemp("durable"), web_build).start()
     yield process
     process.stop()
 
@@ -148,7 +94,7 @@ def context(browser: Browser) -> Iterator[BrowserContext]:
     context.close()
 
 
-def open_page(context: BrowserContext, server: ServerProcess, query: str = "") -> Page:
+def open_page(context: BrowserContext, server: DurableServer, query: str = "") -> Page:
     page = context.new_page()
     page.goto(f"{server.url}/durable.html{query}")
     wait_loaded(page)
@@ -163,7 +109,7 @@ def wait_loaded(page: Page) -> None:
 
 
 @pytest.fixture(scope="module")
-def page(context: BrowserContext, server: ServerProcess) -> Page:
+def page(context: BrowserContext, server: DurableServer) -> Page:
     return open_page(context, server)
 
 
@@ -251,7 +197,7 @@ def acks(page: Page, request_id: str) -> list[dict[str, Any]]:
     return [a for a in log if a["requestId"] == request_id]
 
 
-def outbox(page: Page, server: ServerProcess) -> list[str]:
+def outbox(page: Page, server: DurableServer) -> list[str]:
     key = f"clienttools:outbox:ws://127.0.0.1:{server.port}/agents/chat/{SESSION}"
     text = page.evaluate("key => sessionStorage.getItem(key)", key)
     return [e["requestId"] for e in json.loads(text)["results"]] if text else []
@@ -294,7 +240,7 @@ class ChatPeer:
 
 
 @contextlib.contextmanager
-def chat_peer(server: ServerProcess) -> Iterator[ChatPeer]:
+def chat_peer(server: DurableServer) -> Iterator[ChatPeer]:
     with connect(f"ws://127.0.0.1:{server.port}/agents/chat/{SESSION}") as ws:
         yield ChatPeer(ws)
 
@@ -331,7 +277,7 @@ def test_tool_call_and_follow_up_text_arrive_in_one_response(page: Page) -> None
 # -- issue 5 ------------------------------------------------------------------------------------
 
 
-def test_sigkill_while_the_tool_runs(page: Page, server: ServerProcess) -> None:
+def test_sigkill_while_the_tool_runs(page: Page, server: DurableServer) -> None:
     if not baseline:
         pytest.skip("needs the undisturbed run of the previous test")
     set_gate(page, "closed")
@@ -371,7 +317,7 @@ def test_sigkill_while_the_tool_runs(page: Page, server: ServerProcess) -> None:
     baseline["runs"].add(request_id)
 
 
-def test_reload_while_the_tool_runs(page: Page, server: ServerProcess) -> None:
+def test_reload_while_the_tool_runs(page: Page, server: DurableServer) -> None:
     set_gate(page, "closed")
     send_chat(page, 'call work {"job": "reload-1"}')
     request_id = newest_run(page, baseline.get("runs", set()))
@@ -395,7 +341,7 @@ def test_reload_while_the_tool_runs(page: Page, server: ServerProcess) -> None:
     baseline.setdefault("runs", set()).add(request_id)
 
 
-def test_reload_after_the_tool_finished_before_the_ack(page: Page, server: ServerProcess) -> None:
+def test_reload_after_the_tool_finished_before_the_ack(page: Page, server: DurableServer) -> None:
     page.evaluate("sessionStorage.setItem('drop_acks', '1')")
     set_gate(page, "open")
     send_chat(page, 'call work {"job": "reload-2"}')
@@ -426,7 +372,7 @@ def test_reload_after_the_tool_finished_before_the_ack(page: Page, server: Serve
 
 
 def test_all_pages_closed_the_call_waits_an_hour(
-    page: Page, context: BrowserContext, server: ServerProcess
+    page: Page, context: BrowserContext, server: DurableServer
 ) -> None:
     # The session's last page leaves: it closes its client, the server answers the
     # close (readyState CLOSED), then the tab goes. (A tab closed without this may
@@ -459,7 +405,7 @@ def test_all_pages_closed_the_call_waits_an_hour(
 
 
 def test_with_a_one_second_ttl_the_run_expires(
-    context: BrowserContext, server: ServerProcess
+    context: BrowserContext, server: DurableServer
 ) -> None:
     [later] = context.pages
     opens = state(later)["clientStatuses"].count("open")

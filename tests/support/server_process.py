@@ -4,12 +4,13 @@ server = ServerProcess(["--static", "examples", "--static", "build/web"]).start(
 server.url                      # "http://127.0.0.1:<port>"
 server.ws_url("demo")           # "ws://127.0.0.1:<port>/agents/chat/demo"
 server.kill()                   # SIGKILL, as a crash would
-server.start()                  # same port, same arguments (same --db)
+server.start("--ttl", "1")      # same port and arguments, plus these for this start
 server.stop()
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,11 +29,17 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(
-        self, args: list[str], *, port: int | None = None, log: Path | None = None
+        self,
+        args: list[str],
+        *,
+        port: int | None = None,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.args = args
         self.port = port or free_port()
         self.log = log
+        self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,29 +49,39 @@ class ServerProcess:
     def ws_url(self, session: str) -> str:
         return f"ws://127.0.0.1:{self.port}/agents/chat/{session}"
 
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def start(self, *extra: str, timeout: float = 30.0) -> ServerProcess:
+        """Start and wait until it accepts connections; `extra` arguments for this start only."""
+        assert self.process is None, "already running"
         command = [sys.executable, "-m", "clienttools_server", "--host", "127.0.0.1"]
-        command += ["--port", str(self.port), "--log-level", "warning", *self.args]
+        command += ["--port", str(self.port), "--log-level", "warning", *self.args, *extra]
         if self.log is None:
+            output: int = subprocess.DEVNULL
             self.process = subprocess.Popen(
-                command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                command, cwd=ROOT, env=self.env, stdout=output, stderr=output
             )
         else:
-            with self.log.open("ab") as output:  # the child keeps its own descriptor
+            with self.log.open("ab") as log:  # the child keeps its own descriptor
                 self.process = subprocess.Popen(
-                    command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+                    command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
                 )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}: {command}")
+                code, self.process = self.process.returncode, None
+                raise RuntimeError(f"the server exited with {code}{self._log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return self
             except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"the server did not listen within {timeout} s") from None
                 time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"the server did not listen on {self.port} within {timeout} s")
+
+    def _log_tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        return ":\n" + self.log.read_text(errors="replace")[-2000:]
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handler runs, exactly like a crash."""
