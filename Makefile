@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: all bootstrap web test demo bench soak lint typecheck clean
+.PHONY: all bootstrap web test demo bench soak lint clean
 
 all: test
 
@@ -47,7 +47,8 @@ soak: bootstrap web
 	$(PY) -m pytest -m soak --soak $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check client server tests scripts
+	$(VENV)/bin/ruff check client server tests scripts demo
+	$(VENV)/bin/ruff format --check client server tests scripts demo
 	$(VENV)/bin/mypy
 
 clean:

@@ -34,6 +34,8 @@ from typing import Any
 
 from playwright.sync_api import ConsoleMessage, Error, Page, ViewportSize, sync_playwright
 
+from clienttools.chat import TOOL_STATE_ORDER
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_OUT = ROOT / "build" / "demo"
@@ -48,15 +50,8 @@ SCREENSHOTS = (
 VIEWPORT: ViewportSize = {"width": 1280, "height": 860}
 
 #: Tool part states in the order they may move (C14); the three outputs share the last rank.
-STATE_RANK = {
-    "input-streaming": 0,
-    "input-available": 1,
-    "approval-requested": 2,
-    "approval-responded": 3,
-    "output-available": 4,
-    "output-error": 4,
-    "output-denied": 4,
-}
+STATE_RANK: dict[str, int] = dict(TOOL_STATE_ORDER)
+FINAL_RANK = max(STATE_RANK.values())
 #: What the text in the page may show as long as no HTML is interpreted.
 XSS_NAME = '<img src=x onerror="window.__demoXss=(window.__demoXss||0)+1">'
 XSS_NOTE = "<b>bold?</b> notes stay text"
@@ -98,7 +93,7 @@ def check_chat_log(entries: Sequence[dict[str, Any]]) -> list[str]:
                 problems.append(f"entry {index}: {call_id} has unknown state {state!r}")
             elif before is not None and (
                 STATE_RANK[state] < STATE_RANK[before]
-                or (STATE_RANK[before] == 4 and state != before)
+                or (STATE_RANK[before] == FINAL_RANK and state != before)
             ):
                 problems.append(f"entry {index}: {call_id} moved back {before} -> {state}")
             last_state[call_id] = state

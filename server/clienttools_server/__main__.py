@@ -86,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         default=defaults.max_tool_timeout,
         metavar="SECONDS",
-        help="hard cap on any browser tool call, progress or not (default: %(default)s)",
+        help="hard cap on any browser tool call, progress or not; never below --tool-timeout "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--disconnect-policy",

@@ -9,7 +9,7 @@ first valid result, a timeout, an abort, a disconnect (policy ``fail``) or
 expiry. Every result frame gets an ack: ``applied``, ``duplicate``, ``stale``
 or ``invalid``. Nothing here raises on bad peer input.
 
-    tools = BrowserTools(ledger, config, find_peer=hub.find_peer)
+    tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
     await tools.call("chat-1", step, call)     # returns once the step is settled
     peer.send(tools.on_result(peer, frame))    # the ack for a result frame
 """
@@ -97,6 +97,12 @@ class PendingCall:
     @property
     def timers(self) -> int:
         return (self.idle_timer is not None) + (self.hard_timer is not None)
+
+
+def _settled_by_server(step: Step | None) -> bool:
+    """Did the server settle this step without a result (a later result is then `stale`)?"""
+    error = step.error() if step is not None else None
+    return error is not None and error.get("code") in _SETTLED_WITHOUT_RESULT
 
 
 def _ack(request_id: str, outcome: AckOutcome, message: str | None = None) -> ResultAckFrame:
@@ -274,9 +280,7 @@ class BrowserTools:
                 # `duplicate` after an output or a tool error, `stale` after an
                 # error the server settles calls with (expired, cancelled, ...).
                 step = self.ledger.get_step(execution_id, seq)
-                error = step.error() if step is not None else None
-                code = error.get("code") if error is not None else None
-                entry.settled_by = "server" if code in _SETTLED_WITHOUT_RESULT else "result"
+                entry.settled_by = "server" if _settled_by_server(step) else "result"
                 self._stop_timers(entry)
                 if not entry.future.done():
                     entry.future.set_result(None)
@@ -365,8 +369,7 @@ class BrowserTools:
             if not outcome.ok:
                 return _ack(frame.request_id, "invalid", outcome.message)
             return _ack(frame.request_id, "applied")
-        recorded_error = step.error()
-        if recorded_error is not None and recorded_error.get("code") in _SETTLED_WITHOUT_RESULT:
+        if _settled_by_server(step):
             return _ack(frame.request_id, "stale", "the call was already settled")
         return _ack(frame.request_id, "duplicate")
 

@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Literal, Protocol, cast
 
 from pydantic import JsonValue
 
@@ -180,15 +180,10 @@ class Run:
         self.emit({"type": "error", "errorText": message})
         self._finish_status("error", message)
 
-    def _finish_status(self, status: str, error: str | None) -> None:
+    def _finish_status(self, status: Literal["completed", "error"], error: str | None) -> None:
         execution = self.ledger.get_execution(self.execution_id)
         if execution is not None and not execution.finished:
-            self.ledger.set_status(
-                self.execution_id,
-                "completed" if status == "completed" else "error",
-                self.clock(),
-                error,
-            )
+            self.ledger.set_status(self.execution_id, status, self.clock(), error)
 
     async def _loop(self) -> None:
         self.emit({"type": "start", "messageId": f"msg-{self.execution_id}"})

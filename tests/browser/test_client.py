@@ -131,8 +131,13 @@ def test_timeout_cancels_the_tool(page: Page, driver: ToolDriver) -> None:
 
 
 def test_cancel_reaches_the_tool_and_no_result_follows(page: Page, driver: ToolDriver) -> None:
+    before = runs(page, "wait_forever")
     request_id = driver.start_invoke(SESSION, "wait_forever", {})
-    page.wait_for_timeout(100)
+    # A task cancelled before it first runs never enters the tool: wait until it has.
+    page.wait_for_function(
+        "JSON.parse(document.getElementById('state').textContent).runs.wait_forever > "
+        + str(before)
+    )
     driver.send(
         SESSION,
         {"type": "cf_agent_client_tool_cancel", "requestId": request_id, "reason": "aborted"},
@@ -235,7 +240,7 @@ def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver
         SESSION,
         {"type": "cf_agent_client_tool_result_ack", "requestId": request_id, "outcome": "applied"},
     )
-    page.wait_for_timeout(100)
+    page.wait_for_function("pyodide.runPython('len(client.session.outbox())') === 0")
     peers_before = len(driver.peers)
     driver.drop(SESSION)
     peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from clienttools.chat import TOOL_STATE_ORDER
 from tests.conftest import ROOT
 from tests.support.server_process import ServerProcess
 
@@ -32,15 +33,8 @@ PYTHON = (
     else sys.executable
 )
 REQUIRED_SHOTS = ("ready.png", "progress.png", "approval.png", "finished.png", "dark.png")
-RANK = {
-    "input-streaming": 0,
-    "input-available": 1,
-    "approval-requested": 2,
-    "approval-responded": 3,
-    "output-available": 4,
-    "output-error": 4,
-    "output-denied": 4,
-}
+RANK: dict[str, int] = dict(TOOL_STATE_ORDER)
+FINAL_RANK = max(RANK.values())
 SERVER_START_TIMEOUT = 30.0
 DRIVE_TIMEOUT = 300.0
 
@@ -116,7 +110,7 @@ def test_chat_log_never_moves_back_and_never_flickers(drive: DriveRun) -> None:
             before = seen.get(call_id)
             if before is not None:
                 assert RANK[state] >= RANK[before], (index, call_id, before, state)
-                if RANK[before] == 4:
+                if RANK[before] == FINAL_RANK:
                     assert state == before, (index, call_id, before, state)
             seen[call_id] = state
         assert set(seen) <= set(entry["tools"]), f"a tool part vanished at entry {index}"

@@ -15,17 +15,20 @@ directly (not through the fault proxy), so faults hit the page's socket only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
+from clienttools_server.app import RunningServer, running_server
+from clienttools_server.config import ServerConfig
 from tests.server.server_harness import ChunkCollector, FakeBrowser, Response
-from tests.support.faultproxy import Rule, drop
+from tests.support.faultproxy import FaultProxy, Rule, drop
+from tests.support.wait import wait_until
 
 INVOKE = "cf_agent_client_tool_invoke"
 RESULT = "cf_agent_client_tool_result"
@@ -35,15 +38,6 @@ OUTPUT_CHUNKS = ("tool-output-available", "tool-output-error", "tool-output-deni
 
 # Generous: other test runs share this 2-core machine.
 RESPONSE_TIMEOUT = 60.0
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    """Poll `predicate` until it holds; TimeoutError naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:g} s in vain for {what or predicate}")
-        await asyncio.sleep(0.01)
 
 
 class Page:
@@ -240,3 +234,31 @@ class Spy:
 def spy_first(rules: list[Rule], spy: Spy) -> None:
     """Put the spy's rule before every other rule (rules are tried in insertion order)."""
     rules.insert(0, spy.rule())
+
+
+@dataclass
+class Stack:
+    """The real server, the fault proxy before it, a page behind the proxy, a chat peer."""
+
+    server: RunningServer
+    proxy: FaultProxy
+    page: Page
+    chat: ChatPeer
+    spy: Spy
+
+
+@contextlib.asynccontextmanager
+async def faulted_stack(config: ServerConfig, session: str) -> AsyncIterator[Stack]:
+    """A Stack on `session`; on exit, asserts no sequence violation and no proxy error."""
+    async with running_server(config) as server, FaultProxy("127.0.0.1", server.port) as proxy:
+        spy = Spy()
+        spy_first(proxy.rules, spy)
+        page = await Page.open(proxy.url(f"/agents/chat/{session}"))
+        chat = await ChatPeer.open(server.ws_url(session))
+        try:
+            yield Stack(server, proxy, page, chat, spy)
+        finally:
+            await chat.close()
+            await page.close()
+        assert not chat.violations, chat.violations
+        assert not proxy.errors, proxy.errors

@@ -28,11 +28,11 @@ from tests.reliability.harness import (
     prompt_for,
     report_of,
     spy_first,
-    wait_until,
 )
 from tests.reliability.results import Scenario
 from tests.server.server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 from tests.support.faultproxy import FaultProxy
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.soak
 
@@ -85,10 +85,7 @@ async def test_a_tool_returning_50_mb(server: RunningServer, scenario: Scenario)
     try:
         # The registry change is announced (C1); wait until the server offers the tool.
         await wait_until(
-            lambda: any(
-                "huge" in getattr(c, "tools", {})
-                for c in server.hub.sessions.get("big", type("S", (), {"clients": []})).clients
-            ),
+            lambda: server.hub.find_peer("big", "huge") is not None,
             what="the huge tool to be registered",
         )
         response = await chat.ask("call huge {}")

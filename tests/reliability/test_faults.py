@@ -11,72 +11,63 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 
-from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
 from tests.reliability.harness import (
     ACK,
     INVOKE,
     RESULT,
-    ChatPeer,
-    Page,
-    Spy,
+    ResponseReport,
+    Stack,
     Transcript,
+    faulted_stack,
     prompt_for,
     report_of,
-    spy_first,
     transcript_of,
-    wait_until,
 )
 from tests.reliability.results import Scenario
-from tests.server.server_harness import settled
-from tests.support.faultproxy import Action, FaultProxy, Rule, cut, cut_after, frame_type
+from tests.server.server_harness import Response, settled
+from tests.support.faultproxy import Action, Rule, cut, cut_after, frame_type
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.soak
 
 SESSION = "rel"
 
 
-@dataclass
-class Stack:
-    server: RunningServer
-    proxy: FaultProxy
-    page: Page
-    chat: ChatPeer
-    spy: Spy
-
-
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    config = ServerConfig(port=0, log_level="warning")
-    async with running_server(config) as server, FaultProxy("127.0.0.1", server.port) as proxy:
-        spy = Spy()
-        spy_first(proxy.rules, spy)
-        page = await Page.open(proxy.url(f"/agents/chat/{SESSION}"))
-        chat = await ChatPeer.open(server.ws_url(SESSION))
-        try:
-            yield Stack(server, proxy, page, chat, spy)
-        finally:
-            await chat.close()
-            await page.close()
-        assert not chat.violations, chat.violations
-        assert not proxy.errors, proxy.errors
+    async with faulted_stack(ServerConfig(port=0, log_level="warning"), SESSION) as opened:
+        yield opened
 
 
-async def run_round(
-    stack: Stack, scenario: Scenario, tag: str, numbers: list[int], baseline: Transcript
-) -> None:
-    """Ask for `numbers` (already faulted by the caller), then count and check every call."""
-    response = await stack.chat.ask(prompt_for(tag, numbers, ms=lambda n: 20 + (n * 37) % 200))
+def work_ms(n: int) -> int:
+    """How long the `work` call for `n` sleeps: 20 to 219 ms, spread over the numbers."""
+    return 20 + (n * 37) % 200
+
+
+async def settle_and_count(
+    stack: Stack, scenario: Scenario, response: Response, tag: str, baseline: Transcript
+) -> tuple[ResponseReport, bool]:
+    """Once the page's outbox is empty: the report of `response`, and whether it equals
+    `baseline`; both counted in `scenario`."""
     await stack.page.settle()
     report = report_of(response, stack.page, tag)
     equal = report.transcript == baseline
     scenario.add_transcript(equal)
     for call in report.calls:
         scenario.add_call(settlements=call.settlements, executions=call.executions)
+    return report, equal
+
+
+async def run_round(
+    stack: Stack, scenario: Scenario, tag: str, numbers: list[int], baseline: Transcript
+) -> None:
+    """Ask for `numbers` (already faulted by the caller), then count and check every call."""
+    response = await stack.chat.ask(prompt_for(tag, numbers, ms=work_ms))
+    report, equal = await settle_and_count(stack, scenario, response, tag, baseline)
     assert report.transcript.final == "end", report.transcript
     assert [c.n for c in report.calls] == numbers
     assert all(c.settlements == 1 and c.executions == 1 for c in report.calls), report.calls
@@ -85,8 +76,7 @@ async def run_round(
 
 async def baseline_for(stack: Stack, tag: str, numbers: list[int]) -> Transcript:
     """The undisturbed run of the same calls (another tag; the output depends on n only)."""
-    response = await stack.chat.ask(prompt_for(tag, numbers, ms=lambda n: 20 + (n * 37) % 200))
-    return transcript_of(response)
+    return transcript_of(await stack.chat.ask(prompt_for(tag, numbers, ms=work_ms)))
 
 
 # Each step: the rule that cuts the page's connection at that point of a call.
@@ -111,19 +101,14 @@ async def test_cut_at_every_step_of_a_call(
         tag = f"{step}-{index}"
         if step == "during_run":
             request_id = await stack.chat.start(
-                prompt_for(tag, numbers, ms=lambda n: 20 + (n * 37) % 200 + 300)
+                prompt_for(tag, numbers, ms=lambda n: work_ms(n) + 300)
             )
             await wait_until(
                 lambda t=tag: any(key[0] == t for key in stack.page.running), what="a running tool"
             )
             scenario.faults += stack.proxy.cut_all()
             response = await stack.chat.response(request_id)
-            await stack.page.settle()
-            report = report_of(response, stack.page, tag)
-            equal = report.transcript == baseline
-            scenario.add_transcript(equal)
-            for call in report.calls:
-                scenario.add_call(settlements=call.settlements, executions=call.executions)
+            report, equal = await settle_and_count(stack, scenario, response, tag, baseline)
             assert all(c.settlements == 1 and c.executions == 1 for c in report.calls)
             assert equal, (report.transcript, baseline)
         else:
@@ -177,14 +162,8 @@ async def test_fifty_parallel_calls_with_random_cuts(
                 await wait_until(lambda r=rule, t=response_task: r.hits > 0 or t.done(), 30.0)
                 faults += rule.hits
                 stack.proxy.rules.remove(rule)
-        response = await response_task
-        await stack.page.settle()
         scenario.faults += faults
-        report = report_of(response, stack.page, tag)
-        equal = report.transcript == baseline
-        scenario.add_transcript(equal)
-        for call in report.calls:
-            scenario.add_call(settlements=call.settlements, executions=call.executions)
+        report, equal = await settle_and_count(stack, scenario, await response_task, tag, baseline)
         scenario.iterations += 1
         assert len(report.calls) == 50
         assert all(c.settlements == 1 and c.executions == 1 for c in report.calls)

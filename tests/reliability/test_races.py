@@ -10,25 +10,22 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 
-from clienttools_server.app import RunningServer, running_server
+from clienttools_server.app import RunningServer
 from clienttools_server.config import ServerConfig
 from tests.reliability.harness import (
     RESULT,
-    ChatPeer,
-    Page,
-    Spy,
+    Stack,
+    faulted_stack,
     prompt_for,
     report_of,
-    spy_first,
-    wait_until,
 )
 from tests.reliability.results import Scenario
 from tests.server.server_harness import settled
-from tests.support.faultproxy import FaultProxy, Rule, delay, frame_type
+from tests.support.faultproxy import Rule, delay, frame_type
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.soak
 
@@ -36,31 +33,12 @@ SESSION = "race"
 TIMEOUT = 0.3
 
 
-@dataclass
-class Stack:
-    server: RunningServer
-    proxy: FaultProxy
-    page: Page
-    chat: ChatPeer
-    spy: Spy
-
-
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     # S3: a short server idle timeout, so tools sleeping around it race it.
     config = ServerConfig(port=0, log_level="warning", tool_timeout=TIMEOUT, max_tool_timeout=5.0)
-    async with running_server(config) as server, FaultProxy("127.0.0.1", server.port) as proxy:
-        spy = Spy()
-        spy_first(proxy.rules, spy)
-        page = await Page.open(proxy.url(f"/agents/chat/{SESSION}"))
-        chat = await ChatPeer.open(server.ws_url(SESSION))
-        try:
-            yield Stack(server, proxy, page, chat, spy)
-        finally:
-            await chat.close()
-            await page.close()
-        assert not chat.violations, chat.violations
-        assert not proxy.errors, proxy.errors
+    async with faulted_stack(config, SESSION) as opened:
+        yield opened
 
 
 def no_step_pending(server: RunningServer) -> bool:

@@ -21,10 +21,11 @@ import pytest
 
 from clienttools_server.ledger import SqliteLedger
 from clienttools_server.runtime import RunRequest
-from tests.reliability.harness import ChatPeer, Page, Spy, prompt_for, spy_first, wait_until
+from tests.reliability.harness import ChatPeer, Page, Spy, prompt_for, spy_first
 from tests.reliability.results import Scenario
 from tests.support.faultproxy import FaultProxy
 from tests.support.server_process import ServerProcess
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.soak
 
@@ -43,8 +44,7 @@ class Stack:
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     db = tmp_path / "ledger.sqlite3"
-    # No log= here: ServerProcess leaves the log file open, which filterwarnings=error fails.
-    server = ServerProcess(["--db", str(db)])
+    server = ServerProcess(["--db", str(db)], log=tmp_path / "server.log")
     await asyncio.to_thread(server.start)
     try:
         async with FaultProxy("127.0.0.1", server.port) as proxy:

@@ -219,6 +219,17 @@ class FakeBrowser:
                     raise AssertionError(f"socket closed ({self.close_code}) before a {kind} frame")
                 await self._changed.wait()
 
+    async def chunk(self, request_id: str, kind: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The first chunk of this type in the response to `request_id`, once it arrived."""
+        async with asyncio.timeout(timeout), self._changed:
+            while True:
+                for chunk in self.chunks.get(request_id, []):
+                    if chunk["type"] == kind:
+                        return chunk
+                if self._reader.done():
+                    raise AssertionError(f"socket closed ({self.close_code}) before a {kind} chunk")
+                await self._changed.wait()
+
     async def expect_closed(self, timeout: float = 5.0) -> int | None:
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._reader)

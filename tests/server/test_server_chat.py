@@ -9,6 +9,7 @@ from typing import Any
 from server_harness import FakeBrowser, settled, tool_spec
 
 from clienttools_server.app import RunningServer
+from tests.support.wait import wait_until
 
 
 async def echo(tool_input: dict[str, Any]) -> Any:
@@ -61,9 +62,7 @@ async def test_parallel_browser_calls_in_one_step(server: RunningServer, tab: Fa
         [tool_spec("a"), tool_spec("b")], handlers={"a": gated("a"), "b": gated("b")}
     )
     request_id = await tab.start_chat('call a {"n": 1}\ncall b {"n": 2}')
-    async with asyncio.timeout(3):
-        while len(started) < 2:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: len(started) == 2, 3, "both calls to start")
     # Both calls are out before either has a result: they run concurrently.
     assert sorted(started) == ["a", "b"]
     release.set()

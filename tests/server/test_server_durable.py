@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from clienttools_server.models import (
     UserMessage,
 )
 from clienttools_server.runtime import RunRequest, _digest
+from tests.support.wait import wait_until
 
 
 class CountingModel:
@@ -44,12 +44,6 @@ def _config(db: Path, **overrides: Any) -> ServerConfig:
     options: dict[str, Any] = {"port": 0, "log_level": "warning", "db": str(db)}
     options.update(overrides)
     return ServerConfig(**options)
-
-
-async def _wait_for_status(db_ledger: Any, execution_id: str, status: str) -> None:
-    async with asyncio.timeout(5):
-        while db_ledger.get_execution(execution_id).status != status:
-            await asyncio.sleep(0.02)
 
 
 async def test_restart_replays_and_redelivers(
@@ -135,7 +129,7 @@ async def test_divergence_fails_the_run_naming_the_step(tmp_path: Path) -> None:
         ledger.record_step(run.id, 1, "tool", "t", '{"a": 2}', "client", time.time(), "r" * 32)
     async with running_server(_config(db)) as server:
         ledger = server.app.state.ledger
-        await _wait_for_status(ledger, run.id, "error")
+        await wait_until(lambda: ledger.get_execution(run.id).status == "error", 5)
         error = ledger.get_execution(run.id).error
         assert "step 1" in error and "diverged" in error
         await settled(server.hub)

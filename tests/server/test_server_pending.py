@@ -26,6 +26,7 @@ from clienttools_server.models import (
     UserMessage,
 )
 from clienttools_server.runtime import RunRequest, _digest
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,12 +38,6 @@ def _resume(request_id: str, chat_id: str, last_sequence: int | None = None) -> 
     if last_sequence is not None:
         frame["lastSequence"] = last_sequence
     return frame
-
-
-async def _wait(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 # -- S2: a call to a tool the session knows, with no live page, waits ----------------------
@@ -59,12 +54,12 @@ async def test_known_tool_without_a_live_page_waits_and_is_delivered_later(
     menu = await chat.chat("hello", chat_id="chat-menu")
     assert menu.text.startswith("I can call these tools: server_time, t.")
     request_id = await chat.start_chat('call t {"n": 1}', chat_id="chat-k")
-    await _wait(lambda: server.hub.stats()["pending_calls"] == 1)
+    await wait_until(lambda: server.hub.stats()["pending_calls"] == 1, 5)
     [execution] = [e for e in server.app.state.ledger.executions() if e.status == "running"]
     step = server.app.state.ledger.steps(execution.id)[1]
     # Pending, resolution client, and never delivered: nothing went out yet.
     assert (step.name, step.resolution, step.state, step.attempts) == ("t", "client", "pending", 0)
-    await _wait(lambda: chat.chunks[request_id][-1]["type"] == "tool-input-available")
+    await chat.chunk(request_id, "tool-input-available")
     assert not [c for c in chat.chunks[request_id] if c["type"].startswith("tool-output")]
     # A page that registers the tool gets the call (first delivery: attempt 1).
     second = await open_browser(server)
@@ -100,9 +95,7 @@ async def test_remembered_spec_keeps_needs_approval(
     await page.close()
     chat = await open_browser(server)
     request_id = await chat.start_chat("call risky {}", chat_id="chat-ap")
-    await _wait(lambda: any(
-        c["type"] == "tool-approval-request" for c in chat.chunks.get(request_id, [])
-    ))  # fmt: skip
+    await chat.chunk(request_id, "tool-approval-request")
     await chat.send({"type": "abort", "requestId": request_id})
     await chat.response(request_id)
     await settled(server.hub)
@@ -119,7 +112,7 @@ async def test_resume_with_last_sequence_gets_the_tail_of_a_response_that_ended(
     chat = await open_browser(server)
     request_id = await chat.start_chat("call hold {}", chat_id="chat-t")
     invoke = await tools.expect("cf_agent_client_tool_invoke")
-    await _wait(lambda: chat.chunks.get(request_id, [{}])[-1].get("type") == "tool-input-available")
+    await chat.chunk(request_id, "tool-input-available")
     seen = len(chat.chunks[request_id])
     await chat.close()  # the chat's socket drops while the tool runs...
     await tools.send_result(invoke["requestId"], output="done")  # ...and the run ends meanwhile

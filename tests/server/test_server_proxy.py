@@ -8,6 +8,7 @@ from typing import Any
 from server_harness import FakeBrowser, settled, tool_spec
 
 from clienttools_server.app import RunningServer
+from tests.support.wait import wait_until
 
 
 async def test_timeout_cancels_and_a_late_result_is_stale(
@@ -175,8 +176,9 @@ async def test_disconnect_policy_wait_redelivers(server: RunningServer, open_bro
     request_id = await chat.start_chat("call t {}")
     first = await tools.expect("cf_agent_client_tool_invoke")
     await tools.close()
-    await asyncio.sleep(0.05)
-    assert server.hub.stats()["pending_calls"] == 1 and server.hub.stats()["timers"] == 0
+    # The call is parked, its timers stopped, until a page registers the tool again.
+    await wait_until(lambda: server.hub.stats()["timers"] == 0, 5, "the timers to stop")
+    assert server.hub.stats()["pending_calls"] == 1
     again = await open_browser(server)
     await again.register([tool_spec("t")], client_id="page-1")
     second = await again.expect("cf_agent_client_tool_invoke")
@@ -209,13 +211,7 @@ async def test_result_resent_from_the_reconnected_page_applies(
 async def test_approval_granted(server: RunningServer, tab: FakeBrowser) -> None:
     await tab.register([tool_spec("guarded", needsApproval=True)], handlers={"guarded": _const(7)})
     request_id = await tab.start_chat("call guarded {}")
-    async with asyncio.timeout(3):
-        while (
-            not tab.chunks.get(request_id)
-            or tab.chunks[request_id][-1]["type"] != "tool-approval-request"
-        ):
-            await asyncio.sleep(0.01)
-    request = tab.chunks[request_id][-1]
+    request = await tab.chunk(request_id, "tool-approval-request")
     assert not tab.invokes  # nothing runs before the human says yes
     await tab.send(
         {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"], "approved": True}
@@ -230,13 +226,7 @@ async def test_approval_granted(server: RunningServer, tab: FakeBrowser) -> None
 async def test_approval_denied(server: RunningServer, tab: FakeBrowser) -> None:
     await tab.register([tool_spec("guarded", needsApproval=True)], handlers={"guarded": _const(7)})
     request_id = await tab.start_chat("call guarded {}")
-    async with asyncio.timeout(3):
-        while (
-            not tab.chunks.get(request_id)
-            or tab.chunks[request_id][-1]["type"] != "tool-approval-request"
-        ):
-            await asyncio.sleep(0.01)
-    call_id = tab.chunks[request_id][-1]["toolCallId"]
+    call_id = (await tab.chunk(request_id, "tool-approval-request"))["toolCallId"]
     await tab.send(
         {
             "type": "cf_agent_tool_approval",

@@ -59,6 +59,10 @@ async def test_oversize_frame_closes_with_1009(start_server: Any, open_browser: 
 
 
 async def test_default_frame_limit_is_one_mebibyte(server: RunningServer, tab: FakeBrowser) -> None:
+    just_under = json.dumps({"type": "cf_agent_pong", "t": 1, "pad": "x" * 1_048_500})
+    assert len(just_under) <= 1_048_576
+    await tab.send_raw(just_under)
+    assert (await tab.chat("hi")).final["type"] == "end"
     await tab.send_raw(json.dumps({"type": "cf_agent_pong", "t": 1, "pad": "x" * 1_048_600}))
     assert await tab.expect_closed() == 1009
 

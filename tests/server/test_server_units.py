@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
-from clienttools_server.__main__ import config_from_args
+from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.config import ServerConfig
 from clienttools_server.models import (
     AssistantMessage,
@@ -92,13 +92,13 @@ def test_cli_options_become_a_config() -> None:
             "--port", "0", "--static", "a", "--static", "b", "--db", "x.db", "--token", "t",
             "--allow-origin", "https://a.example", "--tool-timeout", "5",
             "--max-tool-timeout", "9", "--disconnect-policy", "fail", "--ttl", "60",
-            "--log-level", "debug",
+            "--idle-timeout", "7", "--log-level", "debug",
         ]
     )  # fmt: skip
     assert config == ServerConfig(
         port=0, static_dirs=("a", "b"), db="x.db", token="t",
         allow_origins=("https://a.example",), tool_timeout=5.0, max_tool_timeout=9.0,
-        disconnect_policy="fail", ttl=60.0, log_level="debug",
+        disconnect_policy="fail", ttl=60.0, idle_timeout=7.0, log_level="debug",
     )  # fmt: skip
 
 
@@ -107,11 +107,11 @@ def test_cli_help_explains_every_option() -> None:
         [sys.executable, "-m", "clienttools_server", "--help"],
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
-    for flag in (
-        "--host", "--port", "--static", "--db", "--token", "--allow-origin", "--tool-timeout",
-        "--max-tool-timeout", "--disconnect-policy", "--model", "--log-level", "--ttl",
-    ):  # fmt: skip
-        assert flag in done.stdout
+    options = [a for a in parser()._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 13, [a.dest for a in options]
+    for action in options:
+        assert action.help, f"{action.option_strings[0]} has no help"
+        assert action.option_strings[0] in done.stdout
 
 
 async def test_static_dirs_first_match_wins(tmp_path: Path, start_server: Any) -> None:

@@ -10,6 +10,7 @@ server.stop()
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -54,16 +55,13 @@ class ServerProcess:
         assert self.process is None, "already running"
         command = [sys.executable, "-m", "clienttools_server", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--log-level", "warning", *self.args, *extra]
-        if self.log is None:
-            output: int = subprocess.DEVNULL
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=output, stderr=output
+        with contextlib.ExitStack() as files:  # the child keeps its own descriptor
+            output = (
+                subprocess.DEVNULL if self.log is None else files.enter_context(self.log.open("ab"))
             )
-        else:
-            with self.log.open("ab") as log:  # the child keeps its own descriptor
-                self.process = subprocess.Popen(
-                    command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
-                )
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:

@@ -25,6 +25,7 @@ from clienttools.transport import (
     RegistrationTimeout,
     ToolsRejected,
 )
+from tests.support.wait import wait_until
 
 
 class ScriptedServer:
@@ -294,8 +295,7 @@ async def test_cancel_reaches_the_tool_and_no_result_follows(
     await server.send(
         {"type": "cf_agent_client_tool_cancel", "requestId": "r1", "reason": "aborted"}
     )
-    await asyncio.sleep(0.1)
-    assert client.flags.cancelled == ["r1"]  # type: ignore[attr-defined]
+    await wait_until(lambda: client.flags.cancelled == ["r1"], 2, "the cancel")  # type: ignore[attr-defined]
     await server.no_frame("cf_agent_client_tool_result", within=0.3)
 
 
@@ -308,8 +308,7 @@ async def test_timeout_ms_cancels_the_tool_and_answers_timeout(
     _, result = await server.next_frame("cf_agent_client_tool_result")
     assert 0.15 < time.monotonic() - started < 0.6
     assert result["error"]["code"] == "timeout"
-    await asyncio.sleep(0.05)
-    assert client.flags.cancelled == ["r1"]  # type: ignore[attr-defined]
+    await wait_until(lambda: client.flags.cancelled == ["r1"], 2, "the cancel")  # type: ignore[attr-defined]
 
 
 async def test_ping_is_answered(server: ScriptedServer, client: ToolClient) -> None:
@@ -368,8 +367,7 @@ async def test_reconnect_reregisters_and_resends_the_unacked_result(
     assert index == 1 and result["output"] == 3
     assert "r1" in client.session.outbox(), "still unacknowledged"
     await server.ack("r1")
-    await asyncio.sleep(0.05)
-    assert client.session.outbox() == {}
+    await wait_until(lambda: client.session.outbox() == {}, 2, "the ack to clear the outbox")
     assert statuses == ["connecting", "open", "reconnecting", "open"]
     server.connections[1].transport.abort()
     await server.next_frame("cf_agent_client_tools")
@@ -398,8 +396,9 @@ async def test_unacked_results_survive_a_new_client_with_the_same_store(
     _, again = await server.next_frame("cf_agent_client_tool_result")
     assert again == result
     await server.ack("r1")
-    await asyncio.sleep(0.05)
-    assert json.loads(store.text)["results"] == []
+    await wait_until(
+        lambda: json.loads(store.text)["results"] == [], 2, "the ack to clear the store"
+    )
     await second.close()
     assert clienttools_tasks() == []
 

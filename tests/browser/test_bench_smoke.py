@@ -1,0 +1,41 @@
+"""`python -m bench --quick` still runs end to end: every figure comes out as numbers.
+
+The benchmark itself is `make bench`, not part of the test suite; this keeps it
+working (pages, load generator, fleet, report) with tiny N and one run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench.report import ROWS
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "latest.json").read_text())
+    rows = {(row["label"], row["subject"]): row for row in results["rows"]}
+    for expected in ROWS:
+        row = rows.get((expected.label, expected.subject))
+        assert row is not None, f"missing figure {expected.label!r}"
+        for side in ("subject_stats", "baseline_stats"):
+            assert math.isfinite(row[side]["median"]), (expected.label, side)
+        if expected.target_kind != "none":
+            assert isinstance(row["met"], bool), expected.label
+    table = (tmp_path / "latest.md").read_text()
+    assert "| 1. round trip p50 (µs) | clienttools |" in table
