@@ -73,10 +73,14 @@ class BrowserSocket:
         self._connector.release(self._proxies)
         self._proxies = []
 
-    async def send(self, text: str) -> None:
+    def send_nowait(self, text: str) -> None:
+        """Send at once: a browser WebSocket only queues, so this never blocks."""
         if self._ws.readyState != _OPEN:
             raise ConnectionError("the WebSocket is not open")
         self._ws.send(text)
+
+    async def send(self, text: str) -> None:
+        self.send_nowait(text)
 
     async def receive(self) -> str | bytes | None:
         return await self._incoming.get()
@@ -135,6 +139,25 @@ class SessionStorageOutbox:
 
     def __init__(self, url: str) -> None:
         self.key = f"clienttools:outbox:{url}"
+        self._page_hide_proxy: Any = None
+
+    def flush_on_page_hide(self, flush: Callable[[], None]) -> None:
+        """Call `flush` when the page is hidden or left, so a batched save is not lost.
+
+        `pagehide` covers reloads and navigation; `visibilitychange` to hidden covers
+        a tab that a mobile browser may discard without unloading it. The proxy lives
+        as long as the page.
+        """
+        if self._page_hide_proxy is not None:
+            return
+
+        def on_event(event: Any) -> None:
+            if event.type == "pagehide" or str(js.document.visibilityState) == "hidden":
+                flush()
+
+        self._page_hide_proxy = create_proxy(on_event)
+        js.window.addEventListener("pagehide", self._page_hide_proxy)
+        js.document.addEventListener("visibilitychange", self._page_hide_proxy)
 
     def load(self) -> str | None:
         value = js.sessionStorage.getItem(self.key)

@@ -44,11 +44,10 @@ import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from clienttools import protocol
-from clienttools.chat import Chat
 from clienttools.session import (
     DEFAULT_PING_INTERVAL,
     CancelTool,
@@ -73,6 +72,9 @@ from clienttools.transport import (
     redact_token,
 )
 
+if TYPE_CHECKING:
+    from clienttools.chat import Chat
+
 logger = logging.getLogger("clienttools")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +85,13 @@ StatusCallback: TypeAlias = Callable[[ConnectionStatus], None]
 CLOSE_GRACE_SECONDS = 2.0
 #: Close code for a connection dropped because nothing arrived on it (C12).
 CLOSE_CODE_SILENT = 4000
+#: Seconds an outbox change may wait before it is written to the store. Writing the
+#: whole outbox on every change was over half of an invoke's time in the browser, and
+#: quadratic while results wait for acks (bench/README.md). The outbox turning empty or
+#: non-empty is written at once (a small write); changes to a non-empty outbox are
+#: batched. Closing the client, and in the browser hiding or leaving the page, write
+#: at once too.
+OUTBOX_SAVE_DELAY = 0.02
 
 
 @dataclass(eq=False)
@@ -150,13 +159,17 @@ class ToolClient:
             ping_interval=ping_interval,
             max_result_bytes=max_result_bytes,
         )
-        self.chat = Chat(self._send_chat_frame, chat_id=chat_id or _session_of(url))
+        self._chat_id = chat_id or _session_of(url)
+        self._chat: Chat | None = None
         self._status: ConnectionStatus = "idle"
         self._status_callbacks: list[StatusCallback] = []
         self._closed_event: asyncio.Event | None = None
         self._closing = False
         self._outbox_restored = False
         self._saved_outbox_revision = self._session.outbox_revision
+        self._saved_outbox_text: str | None = None
+        self._saved_outbox_empty = True
+        self._outbox_timer: asyncio.TimerHandle | None = None
         self._connection: _Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -210,6 +223,19 @@ class ToolClient:
             name=name, description=description, timeout=timeout, needs_approval=needs_approval
         )
         return decorate if fn is None else decorate(fn)
+
+    @property
+    def chat(self) -> Chat:
+        """The chat on this connection (AI SDK WebSocket chat frames), made on first use.
+
+        Made lazily because clienttools.chat is most of the SDK's import time, and a
+        page that only hosts tools never needs it (cold start, bench/README.md).
+        """
+        if self._chat is None:
+            from clienttools.chat import Chat
+
+            self._chat = Chat(self._send_chat_frame, chat_id=self._chat_id)
+        return self._chat
 
     # --- state -------------------------------------------------------------------------
 
@@ -359,8 +385,8 @@ class ToolClient:
             for rejected in outcome.rejected:
                 logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
         self._set_status("open")
-        if not first:
-            self._spawn(self.chat.connection_restored(), "chat resume")
+        if not first and self._chat is not None:
+            self._spawn(self._chat.connection_restored(), "chat resume")
 
     def _attach(self, socket: Socket) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -380,7 +406,8 @@ class ToolClient:
         if self._connection is connection:
             self._connection = None
             self._session.connection_lost(asyncio.get_running_loop().time())
-            self.chat.connection_lost()
+            if self._chat is not None:
+                self._chat.connection_lost()
         current = asyncio.current_task()
         tasks = [t for t in connection.tasks if t is not current]
         for task in tasks:
@@ -470,6 +497,9 @@ class ToolClient:
         if self._timer is not None:
             self._timer.cancel()
             self._timer, self._timer_at = None, None
+        if self._outbox_timer is not None:
+            self._outbox_timer.cancel()
+            self._outbox_timer = None
         background = [t for t in self._background if t is not current]
         if background:
             _, pending = await asyncio.wait(background, timeout=CLOSE_GRACE_SECONDS)
@@ -509,10 +539,30 @@ class ToolClient:
                     self._carry_out(event)
         finally:
             self._pumping = False
-        if self._connection is not None:
-            self._connection.wake_writer.set()
+        connection = self._connection
+        if connection is not None and self._session.has_frames_to_send:
+            self._flush(connection)
         self._rearm_timer()
-        self._save_outbox()
+        self._save_outbox_soon()
+
+    def _flush(self, connection: _Connection) -> None:
+        """Send the session's frames: at once where the socket can, else through the writer.
+
+        A browser WebSocket's send() only queues, so it never blocks; sending right
+        here saves the writer task's turn of the event loop, which under Pyodide is a
+        round through the browser's task queue on every invoke.
+        """
+        send_now = getattr(connection.socket, "send_nowait", None)
+        if send_now is None or connection.wake_writer.is_set():
+            connection.wake_writer.set()  # the writer sends them, after what it has
+            return
+        for text in self._session.frames_to_send():
+            try:
+                send_now(text)
+            except Exception as exc:
+                logger.info("send failed (%s); the connection is going away", exc)
+                self._end(connection, f"sending failed: {exc}")
+                return
 
     def _carry_out(self, event: Event) -> None:
         if isinstance(event, RunTool):
@@ -529,8 +579,10 @@ class ToolClient:
                 for rejected in event.rejected:
                     logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
         elif isinstance(event, ChatFrameReceived):
+            if self._chat is None:
+                return  # no chat was ever started here: nothing waits for these frames
             try:
-                self.chat.feed(event.data)
+                self._chat.feed(event.data)
             except Exception:  # the chat layer must not take the tool connection down
                 logger.exception("the chat layer failed on a %r frame", event.frame.type)
         elif isinstance(event, ReplaceConnection):
@@ -548,8 +600,10 @@ class ToolClient:
             self._session.report_progress(request_id, progress, total, message)
             self._pump()
 
+        # Only a tool that declares a ToolContext parameter gets one: most do not.
+        context = run.context(report_progress) if run.tool.context_parameter else None
         try:
-            result = run.tool.call(run.arguments, run.context(report_progress))
+            result = run.tool.call(run.arguments, context)
         except Exception as exc:  # a sync tool raised
             self._session.tool_raised(request_id, exc)
             return
@@ -629,14 +683,39 @@ class ToolClient:
             if restored:
                 logger.info("restored %d unacknowledged results", restored)
         self._saved_outbox_revision = self._session.outbox_revision
+        self._saved_outbox_text = text
+        self._saved_outbox_empty = self._session.outbox_size == 0
+        # Saves are batched (OUTBOX_SAVE_DELAY); a store that can tell when the page
+        # goes away (the browser's) gets a chance to write what is still waiting.
+        on_page_hide = getattr(self._store(), "flush_on_page_hide", None)
+        if callable(on_page_hide):
+            on_page_hide(self._save_outbox)
+
+    def _save_outbox_soon(self) -> None:
+        if self._session.outbox_revision == self._saved_outbox_revision:
+            return
+        if (self._session.outbox_size == 0) != self._saved_outbox_empty:
+            self._save_outbox()  # the first result waiting, or the last one acked
+        elif self._outbox_timer is None:
+            self._outbox_timer = asyncio.get_running_loop().call_later(
+                OUTBOX_SAVE_DELAY, self._save_outbox
+            )
 
     def _save_outbox(self) -> None:
+        if self._outbox_timer is not None:
+            self._outbox_timer.cancel()
+            self._outbox_timer = None
         revision = self._session.outbox_revision
         if revision == self._saved_outbox_revision:
             return
         self._saved_outbox_revision = revision
+        text = self._session.export_outbox()
+        self._saved_outbox_empty = self._session.outbox_size == 0
+        if text == self._saved_outbox_text:
+            return  # e.g. a result and its ack within one delay: nothing to write
+        self._saved_outbox_text = text
         try:
-            self._store().save(self._session.export_outbox())
+            self._store().save(text)
         except Exception:  # e.g. storage quota: results still go out while connected
             logger.exception("saving the outbox failed")
 

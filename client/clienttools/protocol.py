@@ -52,6 +52,9 @@ AckOutcome: TypeAlias = Literal["applied", "duplicate", "stale", "invalid"]
 ChatTrigger: TypeAlias = Literal["submit-message", "regenerate-message"]
 
 
+_DEFERRED = ConfigDict(defer_build=True)
+
+
 class WireModel(BaseModel):
     """Base of every wire model: camelCase aliases, strict types, unknown fields ignored.
 
@@ -65,6 +68,10 @@ class WireModel(BaseModel):
         strict=True,
         frozen=True,
         extra="ignore",
+        # Each model builds its validator on first use, not at import: a page pays
+        # only for the frames it meets (most of the SDK's import time otherwise;
+        # cold start in bench/README.md). The frame adapters are deferred too.
+        defer_build=True,
     )
 
 
@@ -303,8 +310,8 @@ SERVER_FRAME_TYPES = frozenset(
     )
 )
 
-_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
-_server_frame: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame, config=_DEFERRED)
+_server_frame: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame, config=_DEFERRED)
 
 
 class FrameError(ValueError):
@@ -329,11 +336,13 @@ def _parse(
 ) -> Any:
     if not isinstance(text, str):
         raise FrameError("binary frames are not part of the protocol; send JSON text")
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        raise FrameError(f"frame of {size} bytes is over the {max_bytes}-byte limit")
+    # A code point is at most 4 bytes of UTF-8: a short frame needs no encoding to size it.
+    if len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise FrameError(f"frame of {size} bytes is over the {max_bytes}-byte limit")
     try:
-        raw = json.loads(text, parse_constant=_refuse_constant)
+        raw = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"frame is not valid JSON: {exc}") from None
     if _ESCAPED_SURROGATE.search(text) and not _encodable(raw):
@@ -369,6 +378,12 @@ _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 def _refuse_constant(name: str) -> object:
     # Python's json accepts NaN and Infinity; JSON does not, and neither can we send them.
     raise ValueError(f"{name} is not a JSON value")
+
+
+# One decoder and one encoder for every frame: `json.loads`/`json.dumps` with options
+# build a new one per call, which was a tenth of an invoke's time (bench/README.md).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _encodable(value: object) -> bool:
@@ -415,10 +430,32 @@ def dump_frame(frame: WireModel) -> str:
     data = frame.model_dump(mode="json", by_alias=True, exclude_none=True)
     if isinstance(frame, ToolResultFrame) and frame.error is None:
         data["output"] = frame.output
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(data)
+
+
+def dump_json(value: object) -> str:
+    """`value` as compact JSON text, as frames carry it; ValueError for NaN and infinities."""
+    return _ENCODER.encode(value)
+
+
+def text_size(text: str) -> int:
+    """Bytes of `text` as UTF-8."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def json_size(value: object) -> int:
     """Bytes of `value` as compact UTF-8 JSON, the size the result limits count."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return len(text.encode("utf-8"))
+    return text_size(_ENCODER.encode(value))
+
+
+def result_frame_text(request_id: str, output_json: str) -> str:
+    """The text of a result frame with an `output`, from the output's JSON text.
+
+    Equal to `dump_frame(ToolResultFrame(request_id=..., output=...))`, without
+    building the model and encoding the output a second time: the hot path of
+    every successful invoke.
+    """
+    return (
+        '{"type":"cf_agent_client_tool_result","requestId":'
+        f'{_ENCODER.encode(request_id)},"output":{output_json}}}'
+    )

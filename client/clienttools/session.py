@@ -297,6 +297,10 @@ class Session:
         # requestId -> result frame text, until cf_agent_client_tool_result_ack (C11).
         self._outbox: OrderedDict[str, str] = OrderedDict()
         self._outbox_revision = 0
+        # Set from the first result the full outbox drops until it has room again, so
+        # a burst of drops logs one warning, not one per result (a console flood that
+        # halved pipelined throughput in the browser; bench/README.md).
+        self._outbox_overflowing = False
         self._to_send: list[str] = []
         self._events: list[Event] = []
 
@@ -306,6 +310,11 @@ class Session:
         """Frames to send, in order; the list is cleared. Empty while disconnected."""
         frames, self._to_send = self._to_send, []
         return frames
+
+    @property
+    def has_frames_to_send(self) -> bool:
+        """True when frames_to_send() would return frames."""
+        return bool(self._to_send)
 
     def events(self) -> list[Event]:
         """Things the adapter must do or know, in order; the list is cleared."""
@@ -323,6 +332,11 @@ class Session:
     def outbox_revision(self) -> int:
         """Changes whenever the outbox does; the adapter persists it when this moves."""
         return self._outbox_revision
+
+    @property
+    def outbox_size(self) -> int:
+        """How many results wait for their ack."""
+        return len(self._outbox)
 
     def outbox(self) -> dict[str, str]:
         """Unacknowledged results: requestId -> result frame text (a copy)."""
@@ -479,6 +493,8 @@ class Session:
             )
         if self._outbox.pop(frame.request_id, None) is not None:
             self._outbox_revision += 1
+            if len(self._outbox) < self.completed_cache_size:
+                self._outbox_overflowing = False
 
     # --- the clock ---------------------------------------------------------------------
 
@@ -512,9 +528,7 @@ class Session:
         try:
             if tool is None:
                 raise InvalidOutput(f"tool {call.tool_name!r} was removed while it ran")
-            output = tool.dump_output(value)
-            size = protocol.json_size(output)
-            frame = protocol.ToolResultFrame(request_id=request_id, output=output)
+            output_json = tool.dump_output_json(value)
         except Exception as exc:  # InvalidOutput, NaN, app serializers raising anything: C5
             message = f"the return value of {call.tool_name!r} is not usable: {exc}"
             self._end_run(
@@ -523,12 +537,13 @@ class Session:
                 _error_result(request_id, "invalid_output", message),
             )
             return
+        size = protocol.text_size(output_json)
         if size > self.max_result_bytes:
             message = f"the result is {size} bytes, over the {self.max_result_bytes}-byte limit"
             result = _error_result(request_id, "output_too_large", message, {"size": size})
             self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
             return
-        self._end_run(call, CallEvent.RETURN, protocol.dump_frame(frame))
+        self._end_run(call, CallEvent.RETURN, protocol.result_frame_text(request_id, output_json))
 
     def tool_raised(self, request_id: str, exc: BaseException) -> None:
         """The run raised: C6 (`tool_error`; ToolError carries its own data)."""
@@ -623,7 +638,16 @@ class Session:
         self._outbox.move_to_end(request_id)
         while len(self._outbox) > self.completed_cache_size:
             dropped, _ = self._outbox.popitem(last=False)
-            logger.warning("outbox full: dropped the unacknowledged result of %r", dropped)
+            if not self._outbox_overflowing:
+                self._outbox_overflowing = True
+                logger.warning(
+                    "outbox full (%d unacknowledged results): dropping the oldest, "
+                    "starting with %r, until acks make room",
+                    self.completed_cache_size,
+                    dropped,
+                )
+            else:
+                logger.debug("outbox full: dropped the unacknowledged result of %r", dropped)
         self._outbox_revision += 1
         if self.connected:
             self._to_send.append(result)

@@ -754,6 +754,17 @@ class Tool:
         Validates against the return annotation when there is one. The result is
         guaranteed to pass `json.dumps(..., allow_nan=False)`.
         """
+        return self._dump_output(value)[0]
+
+    def dump_output_json(self, value: Any) -> str:
+        """The return value as the compact JSON text a result frame carries; raises InvalidOutput.
+
+        The same checks as `dump_output`, and the text comes from the check itself, so
+        a result is encoded once.
+        """
+        return self._dump_output(value)[1]
+
+    def _dump_output(self, value: Any) -> tuple[JsonValue, str]:
         if _is_js_null(value):
             value = None
         if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
@@ -792,13 +803,13 @@ class Tool:
                 f"tool {self.name!r} returned a value that cannot be serialized to JSON: {exc}"
             ) from None
         try:
-            json.dumps(out, allow_nan=False)
+            text = protocol.dump_json(out)
         except ValueError:
             raise InvalidOutput(
                 f"tool {self.name!r} returned NaN or Infinity, which JSON cannot represent; "
                 f"return None or a string instead"
             ) from None
-        return out
+        return out, text
 
     def __repr__(self) -> str:
         kind = "async " if self.is_async else ""
