@@ -1,0 +1,206 @@
+"""`python -m bench` (`make bench`): run every figure, write results/latest.{json,md}.
+
+    python -m bench                 # the full suite: 5 runs of every figure
+    python -m bench --quick         # the smoke version: tiny N, 1 run, every figure
+    python -m bench --runs 7 --out /tmp/bench --only browser
+
+Each run measures all pages (or both server set-ups) back to back, in an order
+that rotates from run to run, and ratios are taken within a run: on a shared,
+noisy machine the absolute numbers drift between runs, their ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.browser import Browser, LoadedPage, LoadGen
+from bench.serverload import measure as measure_server
+from bench.static import StaticServer
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+WEB = ROOT / "build" / "web" / "pyodide"
+#: The pages of figures 1, 2 and 4, in their first run's order.
+INVOKE_PAGES = ("clienttools", "rawjs", "bare")
+#: Invokes in flight at once while the memory figure runs (a busy page, not a burst).
+MEMORY_WINDOW = 100
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: int = 5
+    roundtrip_n: int = 2000
+    pipelined_n: int = 5000
+    memory_n: int = 10_000
+    memory_warmup: int = 1000
+    fleet_clients: int = 100
+    fleet_invokes: int = 100
+
+
+QUICK = Settings(
+    runs=1,
+    roundtrip_n=50,
+    pipelined_n=100,
+    memory_n=200,
+    memory_warmup=50,
+    fleet_clients=5,
+    fleet_invokes=5,
+)
+
+
+def _rotate(items: tuple[str, ...], by: int) -> list[str]:
+    by %= len(items)
+    return list(items[by:] + items[:by])
+
+
+def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dict[str, Any]]:
+    """Figures 1-4 for one run: cold and warm starts, then invokes on the three loaded pages."""
+    out: dict[str, dict[str, Any]] = {}
+    loaded: dict[str, LoadedPage] = {}
+    contexts = []
+    try:
+        # Figure 3. Each Pyodide page is loaded twice per run, in mirrored order (A B C B A),
+        # so a burst of load from elsewhere on the machine hits both sides alike. The
+        # last warm load leaves a loaded page behind for figures 1, 2 and 4: the
+        # clienttools page as (a) and the json-only bare page as (c).
+        order = _rotate(("clienttools", "pydantic", "rawjs"), run)
+        order += [name for name in reversed(order) if name != "rawjs"]
+        starts: dict[str, list[tuple[LoadedPage, LoadedPage]]] = {}
+        for name in order:
+            context = browser.new_context()
+            contexts.append(context)
+            cold = browser.load(context, name, f"{name}-cold-{run}-{len(contexts)}")
+            warm = browser.load(context, name, f"{name}-warm-{run}-{len(contexts)}", page=cold.page)
+            starts.setdefault(name, []).append((cold, warm))
+            loaded["bare" if name == "pydantic" else name] = warm
+        for name, pairs in starts.items():
+            cold_ms = [cold.tools_frame_ms for cold, _ in pairs]
+            warm_ms = [warm.tools_frame_ms for _, warm in pairs]
+            # From the moment Pyodide is up to the tools frame: the same runtime start
+            # is left out, so this is the SDK's own share (wheel, import, tools, connect).
+            after_runtime = [
+                cold.tools_frame_ms - cold.marks["pyodide"] for cold, _ in pairs if cold.marks
+            ]
+            out.setdefault(name, {}).update(
+                cold_start_ms=statistics.fmean(cold_ms),
+                warm_start_ms=statistics.fmean(warm_ms),
+                cold_after_runtime_ms=statistics.fmean(after_runtime) if after_runtime else None,
+                cold_marks=[cold.marks for cold, _ in pairs],
+                warm_marks=[warm.marks for _, warm in pairs],
+            )
+        for name in _rotate(INVOKE_PAGES, run):
+            page = loaded[name]
+            figures = out.setdefault(name, {})
+            # Figure 1, then figure 2.
+            roundtrip = browser.loadgen.call("roundtrip", page.session, n=settings.roundtrip_n)
+            figures.update(
+                roundtrip_p50_us=roundtrip["p50_us"], roundtrip_p99_us=roundtrip["p99_us"]
+            )
+            pipelined = browser.loadgen.call("pipelined", page.session, n=settings.pipelined_n)
+            figures["throughput_per_s"] = pipelined["per_s"]
+            # Figure 4: warm up (first-call caches, lazily built validators), then measure.
+            browser.loadgen.call(
+                "pipelined", page.session, n=settings.memory_warmup, window=MEMORY_WINDOW
+            )
+            before = browser.memory(page)
+            browser.loadgen.call(
+                "pipelined", page.session, n=settings.memory_n, window=MEMORY_WINDOW
+            )
+            after = browser.memory(page)
+            scale = 10_000 / settings.memory_n
+            figures.update(
+                memory_growth_bytes=(
+                    (after["js_heap"] - before["js_heap"]) + (after["wasm"] - before["wasm"])
+                )
+                * scale,
+                js_heap_growth_bytes=(after["js_heap"] - before["js_heap"]) * scale,
+                wasm_growth_bytes=(after["wasm"] - before["wasm"]) * scale,
+                py_objects_growth=(after["py_objects"] - before["py_objects"]) * scale,
+            )
+    finally:
+        for context in contexts:
+            context.close()
+    return out
+
+
+def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
+    """Figure 5 for one run: ledger on and ledger off, in alternating order."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in _rotate(("ledger_on", "ledger_off"), run):
+        out[name] = measure_server(
+            name == "ledger_on", settings.fleet_clients, settings.fleet_invokes
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke version: tiny N, one run")
+    parser.add_argument("--runs", type=int, help="runs of every figure (default 5; quick 1)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
+    )
+    parser.add_argument(
+        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+    )
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else Settings()
+    if args.runs is not None:
+        if args.runs < 1:
+            parser.error("--runs must be at least 1")
+        settings = replace(settings, runs=args.runs)
+    if not (WEB / "pyodide.mjs").is_file():
+        parser.error(f"{WEB} is missing: run `make web` (scripts/build_web.py) first")
+
+    started = time.time()
+    runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
+    if args.only != "server":
+        static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}).start()
+        try:
+            with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
+                for run in range(settings.runs):
+                    _progress(f"browser run {run + 1}/{settings.runs}")
+                    runs[run].update(browser_run(browser, settings, run))
+        finally:
+            static.stop()
+    if args.only != "browser":
+        for run in range(settings.runs):
+            _progress(f"server run {run + 1}/{settings.runs}")
+            runs[run].update(server_run(settings, run))
+
+    results = report.summarize(runs)
+    results["meta"] = {
+        "settings": asdict(settings),
+        "quick": args.quick,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+    }
+    results["runs"] = runs
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    markdown = report.markdown(results)
+    (args.out / "latest.md").write_text(markdown)
+    sys.stdout.write(markdown)
+    return 0
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"bench: {message}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""A static file server that lets the browser cache, so "warm start" means what it says.
+
+tests/support/static.py sends `Cache-Control: no-cache` without validators, which
+makes every load a cold one. Here files carry `max-age` and an ETag, and a
+conditional request gets 304.
+
+    server = StaticServer({"/": Path("bench/pages"), "/pyodide/": Path("build/web/pyodide")})
+    server.start()      # server.url == "http://127.0.0.1:<port>"
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+CONTENT_TYPES = {
+    ".mjs": "text/javascript",
+    ".js": "text/javascript",
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+    ".whl": "application/zip",
+    ".zip": "application/zip",
+    ".html": "text/html; charset=utf-8",
+    ".py": "text/x-python; charset=utf-8",
+}
+CACHE_SECONDS = 3600
+
+
+class StaticServer:
+    def __init__(self, mounts: dict[str, Path], host: str = "127.0.0.1") -> None:
+        # Longest prefix first, so "/pyodide/" wins over "/".
+        self.mounts = sorted(
+            ((p, r.resolve()) for p, r in mounts.items()), key=lambda m: -len(m[0])
+        )
+        self.host = host
+        self.requests = 0
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "call start() first"
+        return f"http://{self.host}:{self._httpd.server_address[1]}"
+
+    def resolve(self, url_path: str) -> Path | None:
+        path = unquote(urlsplit(url_path).path)
+        for prefix, root in self.mounts:
+            if path.startswith(prefix):
+                candidate = (root / path[len(prefix) :]).resolve()
+                if candidate.is_relative_to(root) and candidate.is_file():
+                    return candidate
+        return None
+
+    def start(self) -> StaticServer:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real server would
+
+            def do_GET(self) -> None:
+                server.requests += 1
+                file = server.resolve(self.path)
+                if file is None:
+                    self.send_error(404)
+                    return
+                stat = file.stat()
+                etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+                if self.headers.get("If-None-Match") == etag:
+                    self.send_response(304)
+                    self.send_header("ETag", etag)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = file.read_bytes()
+                self.send_response(200)
+                self.send_header(
+                    "Content-Type", CONTENT_TYPES.get(file.suffix, "application/octet-stream")
+                )
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", f"max-age={CACHE_SECONDS}")
+                self.send_header("ETag", etag)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer((self.host, 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True, name="static").start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
