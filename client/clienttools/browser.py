@@ -28,14 +28,34 @@ from clienttools.transport import ConnectionFailed
 _OPEN = 1
 
 
+#: Frames in a row that `onmessage` hands straight to the receiver before the socket
+#: starts batching. The sequential round trip needs 2 (an ack, then the next invoke).
+DIRECT_FRAMES = 2
+
+
 class BrowserSocket:
-    """One open `js.WebSocket`. Frames arrive on a queue; `None` marks the close."""
+    """One open `js.WebSocket`. Frames arrive on a queue, or at a receiver; `None` marks the close.
+
+    With a receiver (`deliver_to`), a frame that arrives while the page is idle is
+    handed over inside its `onmessage` event: no event-loop turn between the
+    socket and the session, which under Pyodide is a round through the browser's
+    task queue. A burst is batched instead: after `DIRECT_FRAMES` frames without
+    the page getting a free turn, frames wait in a backlog that one task drains
+    (a `MessageChannel` message, which also marks the free turn). Handling a
+    burst frame by frame from `onmessage` halved pipelined throughput
+    (bench/README.md): a batch runs the same code back to back, warm.
+    """
 
     def __init__(self, ws: Any, connector: BrowserConnector) -> None:
         self._ws = ws
         self._connector = connector
         self._incoming: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._proxies: list[Any] = []
+        self._receiver: Callable[[str | bytes], None] | None = None
+        self._backlog: list[str | bytes] = []
+        self._direct = 0  # frames handed over directly since the page last had a free turn
+        self._turn_posted = False
+        self._channel: Any = None
         self.close_code: int | None = None
         self.close_reason = ""
         ws.binaryType = "arraybuffer"
@@ -51,14 +71,60 @@ class BrowserSocket:
 
     def _on_message(self, event: Any) -> None:
         data = event.data
-        if isinstance(data, str):
+        if not isinstance(data, str):  # an ArrayBuffer: a protocol error the session reports
+            data = bytes(data.to_py())
+        receiver = self._receiver
+        if receiver is None:
             self._incoming.put_nowait(data)
-        else:  # an ArrayBuffer: binary frames are a protocol error the session reports
-            self._incoming.put_nowait(bytes(data.to_py()))
+        elif self._backlog or self._direct >= DIRECT_FRAMES:
+            self._backlog.append(data)
+            self._post_turn()
+        else:
+            self._direct += 1
+            self._post_turn()
+            receiver(data)
+
+    def deliver_to(self, receiver: Callable[[str | bytes], None]) -> None:
+        """From now on hand every frame to `receiver` (which must not raise), not to `receive()`.
+
+        Frames already queued go to it at once; `receive()` then only returns the close
+        (None). Called from a running event loop.
+        """
+        self._channel = js.MessageChannel.new()
+        self._channel.port1.onmessage = self._proxy(self._on_turn)
+        self._receiver = receiver
+        queued = []
+        while not self._incoming.empty():
+            queued.append(self._incoming.get_nowait())
+        for data in queued:
+            if data is None:
+                self._incoming.put_nowait(None)
+            else:
+                receiver(data)
+
+    def _post_turn(self) -> None:
+        if not self._turn_posted:
+            self._turn_posted = True
+            self._channel.port2.postMessage(None)
+
+    def _on_turn(self, event: Any) -> None:
+        """The page had a free turn: hand over the backlog; direct delivery may resume."""
+        self._turn_posted = False
+        self._direct = 0
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._backlog and self._receiver is not None:
+            frames, self._backlog = self._backlog, []
+            for data in frames:
+                if self._receiver is None:
+                    return
+                self._receiver(data)
 
     def _on_close(self, event: Any) -> None:
         self.close_code = int(event.code)
         self.close_reason = str(event.reason)
+        self._drain()  # every frame before the close
         self._incoming.put_nowait(None)
         # Destroying a proxy while JS is still inside it is not allowed: do it next turn.
         asyncio.get_running_loop().call_soon(self._release)
@@ -70,6 +136,12 @@ class BrowserSocket:
         self._ws.onclose = None
         self._ws.onerror = None
         self._ws.onopen = None
+        self._receiver = None
+        self._backlog = []
+        if self._channel is not None:
+            self._channel.port1.onmessage = None
+            self._channel.port1.close()
+            self._channel = None
         self._connector.release(self._proxies)
         self._proxies = []
 
@@ -113,12 +185,17 @@ class BrowserConnector:
             if not opened.done():
                 opened.set_result(None)
 
-        ws.onopen = socket._proxy(on_open)
+        on_open_proxy = socket._proxy(on_open)
+        ws.onopen = on_open_proxy
         closed_early = asyncio.ensure_future(socket._incoming.get())
         waiters: list[asyncio.Future[Any]] = [opened, closed_early]
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if opened.done():
+                # Not needed any more (and out of JS by now): one proxy fewer per live socket.
+                ws.onopen = None
+                socket._proxies.remove(on_open_proxy)
+                self.release([on_open_proxy])
                 return socket
             if not closed_early.done():
                 raise ConnectionFailed(url, f"no answer within {timeout:g} s")
@@ -140,6 +217,7 @@ class SessionStorageOutbox:
     def __init__(self, url: str) -> None:
         self.key = f"clienttools:outbox:{url}"
         self._page_hide_proxy: Any = None
+        self._storage: Any = js.sessionStorage  # one proxy, not a lookup per write
 
     def flush_on_page_hide(self, flush: Callable[[], None]) -> None:
         """Call `flush` when the page is hidden or left, so a batched save is not lost.
@@ -160,11 +238,11 @@ class SessionStorageOutbox:
         js.document.addEventListener("visibilitychange", self._page_hide_proxy)
 
     def load(self) -> str | None:
-        value = js.sessionStorage.getItem(self.key)
+        value = self._storage.getItem(self.key)
         return None if value is None or value is jsnull else str(value)
 
     def save(self, text: str) -> None:
-        js.sessionStorage.setItem(self.key, text)
+        self._storage.setItem(self.key, text)
 
 
 class ConsoleLogHandler(logging.Handler):

@@ -428,6 +428,12 @@ class ToolClient:
     async def _read(self, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()
         try:
+            deliver_to = getattr(connection.socket, "deliver_to", None)
+            if deliver_to is not None:
+                # The browser socket hands frames over from its onmessage event, without
+                # a turn of this task per frame (bench/README.md); this task then only
+                # waits for the close.
+                deliver_to(functools.partial(self._receive_frame, connection, loop))
             while (data := await connection.socket.receive()) is not None:
                 self._session.receive_frame(data, loop.time())
                 self._pump()
@@ -435,6 +441,19 @@ class ToolClient:
             logger.exception("reading from the socket failed")
         finally:
             self._end(connection, _closed_before_ack(connection.socket))
+
+    def _receive_frame(
+        self, connection: _Connection, loop: asyncio.AbstractEventLoop, data: str | bytes
+    ) -> None:
+        """One frame handed over by the socket itself (see _read): what the reader does."""
+        if self._connection is not connection:
+            return  # detached: the reader task would have been cancelled by now
+        try:
+            self._session.receive_frame(data, loop.time())
+            self._pump()
+        except Exception:
+            logger.exception("reading from the socket failed")
+            self._end(connection, "handling a frame failed")
 
     async def _write(self, connection: _Connection) -> None:
         # The only task that sends on this socket, so frames leave in session order.

@@ -64,6 +64,7 @@ MAX_ERROR_MESSAGE_CHARS = 4000
 OUTBOX_FORMAT_VERSION = 1
 
 _json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
+_EMPTY_OUTBOX = json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": []})
 
 
 class LocalProtocolError(Exception):
@@ -323,6 +324,10 @@ class Session:
 
     def next_deadline(self) -> float | None:
         """When `tick` must next be called: the earliest call deadline or liveness limit."""
+        if not self._calls:  # the common case between invokes: only the liveness limit
+            if self.connected and not self._replace_requested:
+                return self._last_received + LIVENESS_FACTOR * self.ping_interval
+            return None
         deadlines = [c.deadline for c in self._calls.values() if c.deadline is not None]
         if self.connected and not self._replace_requested:
             deadlines.append(self._last_received + LIVENESS_FACTOR * self.ping_interval)
@@ -660,6 +665,8 @@ class Session:
         These are also the completed-results entries that matter after a reload:
         a re-delivered invoke for one of them gets the stored result (C7).
         """
+        if not self._outbox:
+            return _EMPTY_OUTBOX
         entries = [{"requestId": rid, "frame": text} for rid, text in self._outbox.items()]
         return json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": entries})
 
