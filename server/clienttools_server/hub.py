@@ -45,7 +45,7 @@ from clienttools.protocol import (
 from .config import ServerConfig
 from .ledger import Ledger, Outcome, Resolution, Step, canonical_json
 from .models import JsonObject, Model, ToolCall, ToolDescription
-from .proxy import Approvals, BrowserTools, Peer
+from .proxy import Approvals, BrowserTools, Peer, StartedCall
 from .runtime import Run, RunRequest
 from .server_tools import ServerTool
 from .stream import ChunkLog
@@ -211,13 +211,20 @@ class Hub:
         # settling it from outside would race the run that owns it.
         step = self.ledger.get_step(execution_id, seq)
         if step is not None and step.state == "pending" and step.resolution == "server":
-            return Outcome(
-                False, "invalid",
-                f"step {seq} of execution {execution_id} is a {step.kind} step the server "
-                "settles itself; only client and approval steps can be resolved",
-                step,
-            )  # fmt: skip
-        return None
+            kind = step.kind
+        elif step is None and (active := self.runs.get(execution_id)) is not None:
+            # A model answer in progress is recorded only once it is complete.
+            if active.run.answering != seq:
+                return None
+            kind = "model"
+        else:
+            return None
+        return Outcome(
+            False, "invalid",
+            f"step {seq} of execution {execution_id} is a {kind} step the server "
+            "settles itself; only client and approval steps can be resolved",
+            step,
+        )  # fmt: skip
 
     def _settled(self, outcome: Outcome) -> Outcome:
         if outcome.ok and outcome.step is not None:
@@ -326,17 +333,23 @@ class Hub:
             return
         log = ChunkLog(frame.id)
         log.subscribe(frame.request_id, client.id, client.send, after=None)
-        self._launch(execution.id, client.session, request, log)
+        self._launch(execution.id, client.session, request, log, fresh=True)
 
     def _launch(
-        self, execution_id: str, session_name: str, request: RunRequest, log: ChunkLog | None = None
+        self,
+        execution_id: str,
+        session_name: str,
+        request: RunRequest,
+        log: ChunkLog | None = None,
+        *,
+        fresh: bool = False,
     ) -> None:
         log = log if log is not None else ChunkLog(request.chat_id)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
             execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
-            log.append, clock=self.clock, max_steps=self.config.max_steps,
+            log.append, clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
@@ -452,8 +465,11 @@ class SessionTools:
     async def run_server_tool(self, name: str, tool_input: JsonObject) -> JsonValue:
         return await self.hub.server_tools[name].run(tool_input)
 
-    async def run_client_tool(self, step: Step, call: ToolCall) -> None:
-        await self.hub.browser.call(self.session, step, call)
+    async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
+        return await self.hub.browser.call(self.session, step, call)
+
+    def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
+        return self.hub.browser.start(self.session, step, call)
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self.hub.approvals.wait(self.session, step, call)

@@ -9,9 +9,9 @@ recorded steps give back their results, and a step that asks for something
 else than what was recorded is a :class:`Divergence`.
 
 Two implementations behave the same: :class:`SqliteLedger` (durable; each
-write is its own committed transaction) and :class:`MemoryLedger` (dicts only,
-for "ledger off" and as a reference in tests). The caller owns the clock:
-every write takes ``now`` in seconds.
+write is its own committed transaction, or part of one ``batch()``) and
+:class:`MemoryLedger` (dicts only, for "ledger off" and as a reference in
+tests). The caller owns the clock: every write takes ``now`` in seconds.
 
 Example::
 
@@ -66,6 +66,12 @@ _SCHEMA_VERSION = 1
 _QUOTE_CHARS = 200
 
 
+class _Canonical(str):
+    """Text that :func:`canonical_json` produced: stored as is, not parsed and encoded again."""
+
+    __slots__ = ()
+
+
 def canonical_json(value: object) -> str:
     """Serialize ``value`` so that equal JSON values give equal strings.
 
@@ -76,8 +82,10 @@ def canonical_json(value: object) -> str:
     '{"a":[true,null,"é"],"b":1}'
     """
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        return _Canonical(
+            json.dumps(
+                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
         )
     except (TypeError, RecursionError) as exc:
         # One exception type for "not a JSON value", whatever json tripped on.
@@ -86,6 +94,8 @@ def canonical_json(value: object) -> str:
 
 def _canonicalize(text: str) -> str:
     """Parse JSON text and return its canonical form; ValueError if it is not JSON."""
+    if type(text) is _Canonical:
+        return text  # canonical_json made it: parsing and encoding again gives the same text
     try:
         value = json.loads(text)
     except RecursionError as exc:
@@ -253,11 +263,21 @@ def _prepare_result(result_json: str) -> str | Outcome:
     return canonical
 
 
+def _prepare_recorded_result(result_json: str | None) -> tuple[StepState, str | None]:
+    """State and stored result of a step recorded with ``result_json`` (None: pending)."""
+    if result_json is None:
+        return "pending", None
+    prepared = _prepare_result(result_json)
+    if isinstance(prepared, Outcome):
+        raise ValueError(prepared.message)
+    return "applied", prepared
+
+
 def _prepare_error(error_json: str) -> str | Outcome:
     """Canonical error to store, or the refusing Outcome."""
     try:
         value = json.loads(error_json)
-        canonical = canonical_json(value)
+        canonical = error_json if type(error_json) is _Canonical else canonical_json(value)
     except (ValueError, RecursionError) as exc:
         return Outcome(False, "invalid", f"error is not valid JSON: {exc}")
     if not (
@@ -346,7 +366,10 @@ class Ledger(Protocol):
         resolution: Resolution,
         now: float,
         request_id: str | None = None,
+        result_json: str | None = None,
     ) -> Step: ...
+
+    def batch(self) -> contextlib.AbstractContextManager[None]: ...
 
     def get_step(self, execution_id: str, seq: int) -> Step | None: ...
 
@@ -413,6 +436,20 @@ _STEP_COLUMNS = (
 )
 
 
+_INSERT_STEP = (
+    f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (execution_id, seq) DO NOTHING"
+)
+_TOUCH_EXECUTION = "UPDATE executions SET updated_at = ? WHERE id = ?"
+_SETTLE_SQL = {
+    field: (
+        f"UPDATE steps SET state = ?, {field}_json = ?, updated_at = ? "
+        f"WHERE execution_id = ? AND seq = ? AND state = 'pending' RETURNING {_STEP_COLUMNS}"
+    )
+    for field in ("result", "error")
+}
+
+
 def _execution_from_row(row: tuple[object, ...]) -> Execution:
     return Execution(*row)  # type: ignore[arg-type]
 
@@ -425,14 +462,15 @@ class SqliteLedger:
     """The ledger in one SQLite file (or ``":memory:"``).
 
     Use it from one thread: the one that opened it (the event loop's). Every
-    write commits before returning, so a process killed right after a call
-    loses nothing that call acknowledged.
+    write commits before returning (inside :meth:`batch`: when the batch ends),
+    so a process killed right after a call loses nothing that call acknowledged.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
         # so a read-then-write cannot interleave with another process's write.
         self._connection: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
+        self._batch_depth = 0
         try:
             db = self._connection
             db.execute("PRAGMA busy_timeout = 5000")
@@ -469,7 +507,22 @@ class SqliteLedger:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: its own committed transaction, or a part of the batch's."""
         db = self._db
+        if self._batch_depth:
+            if not db.in_transaction:
+                db.execute("BEGIN IMMEDIATE")
+            changes = db.total_changes
+            try:
+                yield db
+            except BaseException:
+                # Every call checks before it writes, so a call that raises has
+                # usually written nothing. One that failed halfway (a database
+                # error) takes the whole batch with it rather than leave half a call.
+                if db.total_changes != changes and db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
@@ -477,6 +530,32 @@ class SqliteLedger:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Commit every write made inside the block in one transaction, when the block ends.
+
+        For the writes of one logical step (a model answer and the tool calls it
+        asked for). A call that raises before writing (a divergence, a refused
+        value) leaves the calls before it to be committed, as if each had
+        committed on its own; one that fails after writing part of its change
+        rolls the whole batch back. Durability holds only if nothing
+        is acknowledged to a peer inside the block: keep it synchronous (no
+        ``await``), so frames queued in it leave after the commit. Nestable.
+        """
+        db = self._db
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if not self._batch_depth and db.in_transaction:
+                try:
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
 
     def __enter__(self) -> SqliteLedger:
         return self
@@ -502,7 +581,7 @@ class SqliteLedger:
         with self._write() as db:
             db.execute(
                 f"INSERT INTO executions ({_EXECUTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                dataclasses.astuple(execution),
+                (execution.id, session, "running", request_json, None, now, now),
             )
         return execution
 
@@ -605,28 +684,30 @@ class SqliteLedger:
         resolution: Resolution,
         now: float,
         request_id: str | None = None,
+        result_json: str | None = None,
     ) -> Step:
         if seq < 0:
             raise ValueError(f"seq must be >= 0, not {seq}")
         canonical_input = _prepare_input(name, input_json)
+        state, stored_result = _prepare_recorded_result(result_json)
+        values = (
+            execution_id, seq, kind, name, canonical_input, resolution, state,
+            stored_result, None, request_id, 0, now, now,
+        )  # fmt: skip
         with self._write() as db:
-            self._execution_in(db, execution_id)
+            try:
+                inserted = db.execute(_INSERT_STEP, values).rowcount
+            except sqlite3.IntegrityError:
+                self._execution_in(db, execution_id)  # UnknownExecution when that is why
+                raise
+            if inserted:
+                # A step recorded is progress: the run is not idle, so not expirable yet.
+                db.execute(_TOUCH_EXECUTION, (now, execution_id))
+                return Step(*values)
             existing = self._step_in(db, execution_id, seq)
-            if existing is not None:
-                check_replay(existing, kind, name, canonical_input)
-                return existing
-            step = Step(
-                execution_id, seq, kind, name, canonical_input, resolution, "pending",
-                None, None, request_id, 0, now, now,
-            )  # fmt: skip
-            db.execute(
-                f"INSERT INTO steps ({_STEP_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                dataclasses.astuple(step),
-            )
-            # A step recorded is progress: the run is not idle, so not expirable yet.
-            db.execute("UPDATE executions SET updated_at = ? WHERE id = ?", (now, execution_id))
-        return step
+        assert existing is not None
+        check_replay(existing, kind, name, canonical_input)
+        return existing
 
     def _step_in(self, db: sqlite3.Connection, execution_id: str, seq: int) -> Step | None:
         row = db.execute(
@@ -685,35 +766,26 @@ class SqliteLedger:
         value_json: str,
         now: float,
     ) -> Outcome:
+        prepared = _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
         with self._write() as db:
+            if not isinstance(prepared, Outcome):
+                state = "applied" if field == "result" else "error"
+                rows = db.execute(
+                    _SETTLE_SQL[field], (state, prepared, now, execution_id, seq)
+                ).fetchall()
+                if rows:
+                    db.execute(_TOUCH_EXECUTION, (now, execution_id))
+                    settled = _step_from_row(rows[0])
+                    return Outcome(
+                        True, "applied", f"step {seq} of execution {execution_id} settled", settled
+                    )
+            # Missing, already settled, or a value that cannot be stored: nothing was written.
             step = self._step_in(db, execution_id, seq)
-            refusal = _refusal(step, execution_id, seq)
-            if refusal is not None:
-                return refusal
-            assert step is not None
-            prepared = (
-                _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
-            )
-            if isinstance(prepared, Outcome):
-                return dataclasses.replace(prepared, step=step)
-            if field == "result":
-                settled = dataclasses.replace(
-                    step, state="applied", result_json=prepared, updated_at=now
-                )
-            else:
-                settled = dataclasses.replace(
-                    step, state="error", error_json=prepared, updated_at=now
-                )
-            db.execute(
-                "UPDATE steps SET state = ?, result_json = ?, error_json = ?, updated_at = ? "
-                "WHERE execution_id = ? AND seq = ?",
-                (
-                    settled.state, settled.result_json, settled.error_json, now,
-                    execution_id, seq,
-                ),
-            )  # fmt: skip
-            db.execute("UPDATE executions SET updated_at = ? WHERE id = ?", (now, execution_id))
-        return Outcome(True, "applied", f"step {seq} of execution {execution_id} settled", settled)
+        refusal = _refusal(step, execution_id, seq)
+        if refusal is not None:
+            return refusal
+        assert isinstance(prepared, Outcome)
+        return dataclasses.replace(prepared, step=step)
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
         with self._write() as db:
@@ -756,6 +828,10 @@ class MemoryLedger:
 
     def close(self) -> None:
         self._closed = True
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to group: every change is visible (and lost with the process) at once."""
+        return contextlib.nullcontext()
 
     # executions
 
@@ -851,19 +927,21 @@ class MemoryLedger:
         resolution: Resolution,
         now: float,
         request_id: str | None = None,
+        result_json: str | None = None,
     ) -> Step:
         self._check_open()
         if seq < 0:
             raise ValueError(f"seq must be >= 0, not {seq}")
         canonical_input = _prepare_input(name, input_json)
+        state, stored_result = _prepare_recorded_result(result_json)
         execution = self._execution(execution_id)
         existing = self._steps[execution_id].get(seq)
         if existing is not None:
             check_replay(existing, kind, name, canonical_input)
             return existing
         step = Step(
-            execution_id, seq, kind, name, canonical_input, resolution, "pending",
-            None, None, request_id, 0, now, now,
+            execution_id, seq, kind, name, canonical_input, resolution, state,
+            stored_result, None, request_id, 0, now, now,
         )  # fmt: skip
         self._steps[execution_id][seq] = step
         self._executions[execution_id] = dataclasses.replace(execution, updated_at=now)

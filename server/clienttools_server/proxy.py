@@ -91,12 +91,32 @@ class PendingCall:
     idle_timer: asyncio.TimerHandle | None = None
     hard_timer: asyncio.TimerHandle | None = None
     settled_by: Literal["result", "server"] | None = None
+    # The step as this proxy's resolve or reject left it, so the run need not read it back.
+    settled_step: Step | None = None
+    # Someone waits for it (BrowserTools._wait ran).
+    awaited: bool = False
     # Delivered by an earlier process (a restart): the page it went to is unknown here.
     delivered_before: bool = False
 
     @property
     def timers(self) -> int:
         return (self.idle_timer is not None) + (self.hard_timer is not None)
+
+
+@dataclass(eq=False, slots=True)
+class StartedCall:
+    """A browser tool call already delivered (or waiting for a page); see BrowserTools.start."""
+
+    tools: BrowserTools
+    entry: PendingCall
+
+    async def wait(self) -> Step | None:
+        """Return once settled: the settled step, or None when it was settled from outside."""
+        return await self.tools._wait(self.entry)
+
+    def abandon(self) -> None:
+        """Release the call if ``wait`` never ran (a no-op otherwise)."""
+        self.tools._abandon(self.entry)
 
 
 def _settled_by_server(step: Step | None) -> bool:
@@ -142,17 +162,36 @@ class BrowserTools:
 
     # -- the run's side ----------------------------------------------------------------
 
-    async def call(self, session: str, step: Step, call: ToolCall) -> None:
-        """Deliver the call (now or when a connection registers the tool); return once settled."""
-        if step.request_id is None:
-            raise ValueError(f"step {step.seq} of {step.execution_id} has no request id")
-        if step.request_id in self.pending:
-            raise RuntimeError(f"request {step.request_id} is already pending")
+    async def call(self, session: str, step: Step, call: ToolCall) -> Step | None:
+        """Deliver the call (now or when a connection registers the tool); return once settled.
+
+        Returns the settled step when this proxy settled it, else None (the
+        caller reads it from the ledger).
+        """
+        self._check_new(step)
         fresh = self.ledger.get_step(step.execution_id, step.seq)
         if fresh is None or fresh.state != "pending":
             # Settled between the run's planning and this call (Hub.resolve, an
             # outbox result after a restart, expiry): nothing to deliver.
-            return
+            return fresh
+        return await self.start(session, step, call).wait()
+
+    def _check_new(self, step: Step) -> None:
+        if step.request_id is None:
+            raise ValueError(f"step {step.seq} of {step.execution_id} has no request id")
+        if step.request_id in self.pending:
+            raise RuntimeError(f"request {step.request_id} is already pending")
+
+    def start(self, session: str, step: Step, call: ToolCall) -> StartedCall:
+        """Register the call of a pending step and deliver it now, without waiting.
+
+        For a run that records a step and delivers it in one synchronous
+        stretch (one ledger batch, whose commit then precedes the invoke on
+        the wire). The returned call's ``wait`` returns once it is settled; its
+        ``abandon`` releases it when its waiter never ran.
+        """
+        self._check_new(step)
+        assert step.request_id is not None
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
             asyncio.get_running_loop().create_future(), delivered_before=step.attempts > 0,
@@ -160,14 +199,35 @@ class BrowserTools:
         self.pending[entry.request_id] = entry
         try:
             self._deliver(entry)
+        except BaseException:
+            self._release(entry)
+            raise
+        return StartedCall(self, entry)
+
+    async def _wait(self, entry: PendingCall) -> Step | None:
+        entry.awaited = True
+        try:
             await entry.future
+            return entry.settled_step
         except asyncio.CancelledError:
             if entry.settled_by is None:
                 self._on_cancelled(entry)
             raise
         finally:
-            self._stop_timers(entry)
-            self.pending.pop(entry.request_id, None)
+            self._release(entry)
+
+    def _abandon(self, entry: PendingCall) -> None:
+        # Its waiter was cancelled before it ran: settle it as _wait would have.
+        if entry.awaited or self.pending.get(entry.request_id) is not entry:
+            return
+        if entry.settled_by is None:
+            self._on_cancelled(entry)
+        self._release(entry)
+
+    def _release(self, entry: PendingCall) -> None:
+        self._stop_timers(entry)
+        if self.pending.get(entry.request_id) is entry:
+            del self.pending[entry.request_id]
 
     def _on_cancelled(self, entry: PendingCall) -> None:
         if self.shutting_down:
@@ -260,12 +320,16 @@ class BrowserTools:
             if not outcome.ok:
                 # Over the stored-size limit: the model reads why instead.
                 stored = False
-                self.ledger.reject(
+                outcome = self.ledger.reject(
                     entry.execution_id, entry.seq, _error_json("output_too_large", outcome.message),
                     now,
                 )  # fmt: skip
         elif error_json is not None:
-            self.ledger.reject(entry.execution_id, entry.seq, error_json, now)
+            outcome = self.ledger.reject(entry.execution_id, entry.seq, error_json, now)
+        else:
+            outcome = None
+        if outcome is not None and outcome.ok:
+            entry.settled_step = outcome.step
         if not entry.future.done():
             entry.future.set_result(None)
         return stored

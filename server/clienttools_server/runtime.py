@@ -18,7 +18,7 @@ tools are reached through a :class:`ToolHost`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +30,15 @@ from typing import Literal, Protocol, cast
 
 from pydantic import JsonValue
 
-from .ledger import Divergence, Ledger, Resolution, Step, canonical_json
+from .ledger import (
+    Divergence,
+    InvalidTransition,
+    Ledger,
+    Resolution,
+    Step,
+    UnknownExecution,
+    canonical_json,
+)
 from .models import (
     AssistantMessage,
     JsonObject,
@@ -40,6 +48,7 @@ from .models import (
     ToolCall,
     ToolDescription,
     ToolResult,
+    UserMessage,
     messages_from_ui,
     words,
 )
@@ -78,12 +87,33 @@ class ToolHost(Protocol):
         """The output; ToolFailure for an error the model should see."""
         ...
 
-    async def run_client_tool(self, step: Step, call: ToolCall) -> None:
-        """Return once the ledger step is no longer pending."""
+    async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
+        """Return once the ledger step is no longer pending: the settled step, or None.
+
+        None makes the run read the step back from the ledger.
+        """
         ...
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         """Return once the approval step is no longer pending."""
+        ...
+
+    def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
+        """Deliver the call of a pending ``client`` step now; wait for it later.
+
+        Called inside the ledger batch that recorded the step, so the attempt
+        it records is committed with the step, before the invoke leaves.
+        """
+        ...
+
+
+class StartedCall(Protocol):
+    async def wait(self) -> Step | None:
+        """Return once the step is no longer pending: the settled step, or None."""
+        ...
+
+    def abandon(self) -> None:
+        """Release the call if ``wait`` never ran (its task was cancelled before it started)."""
         ...
 
 
@@ -103,8 +133,31 @@ class RunRequest:
         return cls(chat_id=str(raw["chatId"]), messages=list(raw["messages"]))
 
 
+def _tagged(message: Message) -> JsonObject:
+    """``{"kind": <class name>, **dataclasses.asdict(message)}``, without asdict's deep copy.
+
+    The digest of these is part of every recorded model step's input, so this
+    must give exactly what asdict gave, or recorded runs would diverge on replay.
+    """
+    if isinstance(message, UserMessage):
+        return {"kind": "UserMessage", "text": message.text}
+    if isinstance(message, AssistantMessage):
+        calls: list[JsonValue] = [
+            {"tool_call_id": c.tool_call_id, "tool_name": c.tool_name, "input": c.input}
+            for c in message.tool_calls
+        ]
+        return {"kind": "AssistantMessage", "text": message.text, "tool_calls": calls}
+    return {
+        "kind": "ToolResult",
+        "tool_call_id": message.tool_call_id,
+        "tool_name": message.tool_name,
+        "output": message.output,
+        "error": cast(JsonValue, message.error),
+    }
+
+
 def _digest(messages: Sequence[Message]) -> str:
-    tagged = [{"kind": type(m).__name__, **dataclasses.asdict(m)} for m in messages]
+    tagged = [_tagged(m) for m in messages]
     return hashlib.sha256(canonical_json(tagged).encode()).hexdigest()[:32]
 
 
@@ -118,10 +171,31 @@ def approval_name(tool_name: str) -> str:
 
 
 @dataclass(slots=True)
+class _Answer:
+    """One model step's answer, before the caller records it."""
+
+    seq: int
+    input_json: str
+    events: list[TextDelta | ToolCall]
+    # Replayed from the ledger: nothing to write.
+    recorded: bool
+    # A pending record of the step exists (written by an older server): resolve it.
+    pending: bool = False
+
+
+@dataclass(slots=True)
 class _Planned:
     call: ToolCall
     approval: Step | None
     tool: Step
+    # Delivered while it was recorded (no approval to wait for).
+    started: StartedCall | None = None
+
+    @property
+    def deliver_now(self) -> bool:
+        """A pending browser call with no approval to wait for: delivered as it is recorded."""
+        tool = self.tool
+        return self.approval is None and tool.state == "pending" and tool.resolution == "client"
 
 
 class Run:
@@ -138,6 +212,7 @@ class Run:
         *,
         clock: Callable[[], float] = time.time,
         max_steps: int = 16,
+        fresh: bool = False,
     ) -> None:
         self.execution_id = execution_id
         self.request = request
@@ -147,10 +222,17 @@ class Run:
         self.emit = emit
         self.clock = clock
         self.max_steps = max_steps
+        # The execution was just started, so it has no steps to replay yet.
+        self.fresh = fresh
         # Set by whoever cancels the task for an abort; a cancel without it is a
         # shutdown, which leaves the execution resumable.
         self.aborted = False
         self._seq = 0
+        # The seqs the ledger held when the loop started: any other seq has no
+        # record (only this run adds steps to its execution), so it is not read.
+        self._recorded: frozenset[int] = frozenset()
+        # The seq of the model step being streamed: it has no record until the answer is in.
+        self.answering: int | None = None
         self._text_parts = 0
         self._open_text: str | None = None
 
@@ -181,29 +263,47 @@ class Run:
         self._finish_status("error", message)
 
     def _finish_status(self, status: Literal["completed", "error"], error: str | None) -> None:
-        execution = self.ledger.get_execution(self.execution_id)
-        if execution is not None and not execution.finished:
+        # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
+        with contextlib.suppress(InvalidTransition, UnknownExecution):
             self.ledger.set_status(self.execution_id, status, self.clock(), error)
 
     async def _loop(self) -> None:
+        if not self.fresh:
+            self._recorded = frozenset(s.seq for s in self.ledger.steps(self.execution_id))
         self.emit({"type": "start", "messageId": f"msg-{self.execution_id}"})
         messages: list[Message] = messages_from_ui(self.request.messages)
-        finish_reason = "length"
         for step_no in range(self.max_steps):
             self.emit({"type": "start-step"})
-            text, calls = await self._model_step(step_no, messages)
-            messages.append(AssistantMessage(text, tuple(calls)))
-            if not calls:
-                self.emit({"type": "finish-step"})
-                finish_reason = "stop"
-                break
-            planned = [self._plan(call) for call in calls]
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._tool_step(p)) for p in planned]
+            answer = await self._model_step(step_no, messages)
+            planned: list[_Planned] = []
+            try:
+                # From the model's answer to the calls it asked for, delivered (or
+                # to the end of the run): one ledger transaction. No await in it,
+                # so the chunks and invokes queued here leave after the commit.
+                with self.ledger.batch():
+                    text, calls = self._record_answer(answer)
+                    messages.append(AssistantMessage(text, tuple(calls)))
+                    if not calls:
+                        self.emit({"type": "finish-step"})
+                        self._finish("stop")
+                        return
+                    planned = [self._plan(call) for call in calls]
+                    for p in planned:
+                        if p.deliver_now:
+                            p.started = self.host.start_client_tool(p.tool, p.call)
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._tool_step(p)) for p in planned]
+            finally:
+                for p in planned:
+                    if p.started is not None:
+                        p.started.abandon()
             messages.extend(task.result() for task in tasks)
             self.emit({"type": "finish-step"})
             self._check_alive()
-        self.emit({"type": "finish", "finishReason": finish_reason})
+        self._finish("length")
+
+    def _finish(self, reason: str) -> None:
+        self.emit({"type": "finish", "finishReason": reason})
         self._finish_status("completed", None)
 
     def _check_alive(self) -> None:
@@ -218,24 +318,32 @@ class Run:
 
     # -- model steps ---------------------------------------------------------------
 
-    async def _model_step(
-        self, step_no: int, messages: list[Message]
-    ) -> tuple[str, list[ToolCall]]:
+    async def _model_step(self, step_no: int, messages: list[Message]) -> _Answer:
+        """Replay the recorded answer, or stream a new one; the caller records it."""
         step_input = canonical_json({"step": step_no, "messages": _digest(messages)})
-        step = self.ledger.record_step(
-            self.execution_id, self._next_seq(), "model", self.model.name, step_input,
-            "server", self.clock(),
-        )  # fmt: skip
-        if step.state == "applied":
-            events = self._decode_events(step.result())
-            for event in events:
-                if isinstance(event, TextDelta):
-                    for word in words(event.text):
-                        self._emit_text(word)
-                else:
-                    self._emit_call(event)
-        elif step.state == "pending":
-            events = []
+        seq = self._next_seq()
+        step: Step | None = None
+        if seq in self._recorded:
+            step = self.ledger.record_step(
+                self.execution_id, seq, "model", self.model.name, step_input, "server",
+                self.clock(),
+            )  # fmt: skip
+            if step.state == "applied":
+                events = self._decode_events(step.result())
+                for event in events:
+                    if isinstance(event, TextDelta):
+                        for word in words(event.text):
+                            self._emit_text(word)
+                    else:
+                        self._emit_call(event)
+                return _Answer(seq, step_input, events, recorded=True)
+            if step.state != "pending":
+                raise RunFailed(f"model step {step.seq} was recorded as {step.state}")
+        # Not recorded (or recorded pending by an older server): ask the model. The
+        # step is written once, with the answer; a crash before that re-asks.
+        events = []
+        self.answering = seq
+        try:
             async for event in self.model.stream(messages, self.host.descriptions()):
                 if isinstance(event, TextDelta):
                     if event.text:
@@ -244,14 +352,28 @@ class Run:
                 else:
                     self._emit_call(event)
                     events.append(event)
-            outcome = self.ledger.resolve(
-                self.execution_id, step.seq, canonical_json(self._encode_events(events)),
-                self.clock(),
-            )  # fmt: skip
-            if not outcome.ok:
-                raise RunFailed(f"the model's answer could not be recorded: {outcome.message}")
-        else:
-            raise RunFailed(f"model step {step.seq} was recorded as {step.state}")
+        finally:
+            self.answering = None
+        return _Answer(seq, step_input, events, recorded=False, pending=step is not None)
+
+    def _record_answer(self, answer: _Answer) -> tuple[str, list[ToolCall]]:
+        events = answer.events
+        if not answer.recorded:
+            result_json = canonical_json(self._encode_events(events))
+            if answer.pending:
+                outcome = self.ledger.resolve(
+                    self.execution_id, answer.seq, result_json, self.clock()
+                )
+                if not outcome.ok:
+                    raise RunFailed(f"the model's answer could not be recorded: {outcome.message}")
+            else:
+                try:
+                    self.ledger.record_step(
+                        self.execution_id, answer.seq, "model", self.model.name,
+                        answer.input_json, "server", self.clock(), result_json=result_json,
+                    )  # fmt: skip
+                except ValueError as exc:
+                    raise RunFailed(f"the model's answer could not be recorded: {exc}") from exc
         self._close_text()
         text = "".join(e.text for e in events if isinstance(e, TextDelta))
         return text, [e for e in events if isinstance(e, ToolCall)]
@@ -317,7 +439,7 @@ class Run:
         """Record the call's steps in call order, so parallel calls get stable seqs."""
         input_json = canonical_json(call.input)
         seq = self._next_seq()
-        recorded = self.ledger.get_step(self.execution_id, seq)
+        recorded = self._recorded_step(seq)
         if recorded is not None:
             needs_approval = recorded.resolution == "approval"
         else:
@@ -329,7 +451,7 @@ class Run:
                 "approval", self.clock(),
             )  # fmt: skip
             seq = self._next_seq()
-            recorded = self.ledger.get_step(self.execution_id, seq)
+            recorded = self._recorded_step(seq)
         resolution: Resolution | None
         if recorded is not None:
             resolution = recorded.resolution
@@ -344,6 +466,11 @@ class Run:
             self._reject(tool, "unknown_tool", f"there is no tool named {call.tool_name!r}")
             tool = self._reload(tool)
         return _Planned(call, approval, tool)
+
+    def _recorded_step(self, seq: int) -> Step | None:
+        if seq not in self._recorded:
+            return None
+        return self.ledger.get_step(self.execution_id, seq)
 
     def _reload(self, step: Step) -> Step:
         fresh = self.ledger.get_step(step.execution_id, step.seq)
@@ -380,11 +507,14 @@ class Run:
                     self._reject(tool, "denied", str(reason or "the user denied this call"))
                     tool = self._reload(tool)
         if tool.state == "pending":
-            if tool.resolution == "client":
-                await self.host.run_client_tool(tool, call)
+            settled: Step | None = None
+            if planned.started is not None:
+                settled = await planned.started.wait()
+            elif tool.resolution == "client":
+                settled = await self.host.run_client_tool(tool, call)
             else:
                 await self._run_server_tool(tool, call)
-            tool = self._reload(tool)
+            tool = settled if settled is not None else self._reload(tool)
         return self._emit_outcome(tool, call)
 
     async def _run_server_tool(self, step: Step, call: ToolCall) -> None:

@@ -285,6 +285,50 @@ def test_record_step_refuses_invalid_input_and_unknown_execution(ledger: Ledger)
         ledger.record_step("nope", 0, "tool", "t", "{}", "client", T0)
 
 
+def test_record_step_with_a_result_records_it_applied(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    step = ledger.record_step(
+        execution.id, 0, "model", "m", "{}", "server", T0, result_json='{"b": 1, "a": 2}'
+    )
+    assert (step.state, step.result_json, step.attempts) == ("applied", '{"a":2,"b":1}', 0)
+    assert ledger.get_step(execution.id, 0) == step
+    # Replay: the record comes back as it was, whatever result is offered.
+    again = ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, result_json="3")
+    assert again == step
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ledger.record_step(execution.id, 1, "model", "m", "{}", "server", T0, result_json="{oops")
+    assert ledger.get_step(execution.id, 1) is None
+
+
+def test_a_batch_keeps_what_was_written_before_a_divergence(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.record_step(execution.id, 1, "tool", "a", "{}", "client", T0)
+    with pytest.raises(Divergence), ledger.batch():
+        ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, result_json="1")
+        ledger.record_step(execution.id, 1, "tool", "b", "{}", "client", T0)
+    assert [(s.seq, s.state) for s in ledger.steps(execution.id)] == [
+        (0, "applied"),
+        (1, "pending"),
+    ]
+
+
+def test_a_sqlite_batch_commits_once_at_its_end(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with SqliteLedger(path) as ledger:
+        execution = ledger.start_execution("chat-1", "{}", now=T0)
+        reader = sqlite3.connect(path)
+        try:
+            with ledger.batch():
+                ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, None, "1")
+                with ledger.batch():  # nested: still the outer batch's transaction
+                    ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+                assert ledger.get_step(execution.id, 1) is not None
+                assert reader.execute("SELECT count(*) FROM steps").fetchone() == (0,)
+            assert reader.execute("SELECT count(*) FROM steps").fetchone() == (2,)
+        finally:
+            reader.close()
+
+
 def test_steps_are_ordered_by_seq(ledger: Ledger) -> None:
     execution = ledger.start_execution("chat-1", "{}", now=T0)
     for seq in (2, 0, 1):
