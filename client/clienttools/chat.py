@@ -41,7 +41,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from pydantic import (
     MISSING,
@@ -232,6 +232,10 @@ class ReasoningPart(WireModel):
     text: str
     state: Literal["streaming", "done"] | None = None
     provider_metadata: JsonObject | None = None
+
+
+# The two part kinds whose text streams in start/delta/end chunks.
+_P = TypeVar("_P", TextPart, ReasoningPart)
 
 
 class StepStartPart(WireModel):
@@ -865,60 +869,62 @@ class MessageBuilder:
     # -- handlers, one per chunk type (see _HANDLERS)
 
     def _text_start(self, c: Chunk) -> bool:
-        key = (self._step, c["id"])
-        if key in self._text_keys:
-            return self._ignore("repeated text-start", c)
-        self._text_keys.add(key)
         part = TextPart(text="", state="streaming", provider_metadata=c.get("providerMetadata"))
-        self._active_text[c["id"]] = part
-        self.message.parts.append(part)
-        return True
+        return self._open_streamed(c, "text", part, self._text_keys, self._active_text)
 
     def _text_delta(self, c: Chunk) -> bool:
-        part = self._active_text.get(c["id"])
-        if part is None:
-            return self._ignore("text-delta without an open text part", c)
-        part.text += c["delta"]
-        part.provider_metadata = _coalesce(c.get("providerMetadata"), part.provider_metadata)
-        return True
+        return self._extend_streamed(c, "text", self._active_text)
 
     def _text_end(self, c: Chunk) -> bool:
-        part = self._active_text.pop(c["id"], None)
-        if part is None:
-            return self._ignore("text-end without an open text part", c)
-        part.state = "done"
-        if c.get("citations") is not None:
+        part = self._close_streamed(c, "text", self._active_text)
+        if part is not None and c.get("citations") is not None:
             part.citations = c["citations"]
-        part.provider_metadata = _coalesce(c.get("providerMetadata"), part.provider_metadata)
-        return True
+        return part is not None
 
     def _reasoning_start(self, c: Chunk) -> bool:
-        key = (self._step, c["id"])
-        if key in self._reasoning_keys:
-            return self._ignore("repeated reasoning-start", c)
-        self._reasoning_keys.add(key)
         part = ReasoningPart(
             id=c["id"], text="", state="streaming", provider_metadata=c.get("providerMetadata")
         )
-        self._active_reasoning[c["id"]] = part
+        return self._open_streamed(
+            c, "reasoning", part, self._reasoning_keys, self._active_reasoning
+        )
+
+    def _reasoning_delta(self, c: Chunk) -> bool:
+        return self._extend_streamed(c, "reasoning", self._active_reasoning)
+
+    def _reasoning_end(self, c: Chunk) -> bool:
+        return self._close_streamed(c, "reasoning", self._active_reasoning) is not None
+
+    # Text and reasoning parts stream the same way: start opens one per id and step,
+    # deltas append to it, end closes it.
+
+    def _open_streamed(
+        self, c: Chunk, kind: str, part: _P, keys: set[tuple[int, str]], active: dict[str, _P]
+    ) -> bool:
+        key = (self._step, c["id"])
+        if key in keys:
+            return self._ignore(f"repeated {kind}-start", c)
+        keys.add(key)
+        active[c["id"]] = part
         self.message.parts.append(part)
         return True
 
-    def _reasoning_delta(self, c: Chunk) -> bool:
-        part = self._active_reasoning.get(c["id"])
+    def _extend_streamed(self, c: Chunk, kind: str, active: dict[str, _P]) -> bool:
+        part = active.get(c["id"])
         if part is None:
-            return self._ignore("reasoning-delta without an open part", c)
+            return self._ignore(f"{kind}-delta without an open {kind} part", c)
         part.text += c["delta"]
         part.provider_metadata = _coalesce(c.get("providerMetadata"), part.provider_metadata)
         return True
 
-    def _reasoning_end(self, c: Chunk) -> bool:
-        part = self._active_reasoning.pop(c["id"], None)
+    def _close_streamed(self, c: Chunk, kind: str, active: dict[str, _P]) -> _P | None:
+        part = active.pop(c["id"], None)
         if part is None:
-            return self._ignore("reasoning-end without an open part", c)
+            self._ignore(f"{kind}-end without an open {kind} part", c)
+            return None
         part.state = "done"
         part.provider_metadata = _coalesce(c.get("providerMetadata"), part.provider_metadata)
-        return True
+        return part
 
     def _tool_input_start(self, c: Chunk) -> bool:
         call_id = c["toolCallId"]
