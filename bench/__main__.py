@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tests.support.static import StaticServer
+
 from bench import report
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
-from bench.static import StaticServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
     if args.only != "server":
-        static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}).start()
+        static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}, cache_seconds=3600).start()
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
                 for run in range(settings.runs):

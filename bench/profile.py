@@ -93,8 +93,9 @@ _out.getvalue()
 
 
 def _page(n: int) -> None:
+    from tests.support.static import StaticServer
+
     from bench.browser import Browser, LoadGen
-    from bench.static import StaticServer
 
     static = StaticServer(
         {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}

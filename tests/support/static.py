@@ -1,8 +1,12 @@
-"""A threaded static file server for browser tests: several roots mounted under URL prefixes.
+"""A threaded static file server for browser tests and benchmarks: roots mounted under prefixes.
 
-server = StaticServer({"/": Path("demo"), "/pyodide/": Path("build/web/pyodide")})
-server.start()          # server.url == "http://127.0.0.1:<port>"
-server.stop()
+    server = StaticServer({"/": Path("demo"), "/pyodide/": Path("build/web/pyodide")})
+    server.start()          # server.url == "http://127.0.0.1:<port>"
+    server.stop()
+
+By default every response says `no-cache` (with an ETag, so a revalidation is a
+304): tests always see the files as built. The benchmarks pass `cache_seconds`
+so that a warm start really uses the browser's HTTP cache.
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ CONTENT_TYPES = {
 
 
 class StaticServer:
-    def __init__(self, mounts: dict[str, Path], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, mounts: dict[str, Path], host: str = "127.0.0.1", cache_seconds: int | None = None
+    ) -> None:
         # Longest prefix first, so "/pyodide/" wins over "/".
         self.mounts = sorted(
             ((p, r.resolve()) for p, r in mounts.items()), key=lambda m: -len(m[0])
         )
         self.host = host
+        self.cache_control = "no-cache" if cache_seconds is None else f"max-age={cache_seconds}"
         self.requests: list[str] = []
         self._httpd: http.server.ThreadingHTTPServer | None = None
 
@@ -56,19 +63,29 @@ class StaticServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real server would
+
             def do_GET(self) -> None:
                 server.requests.append(self.path)
                 file = server.resolve(self.path)
                 if file is None:
                     self.send_error(404)
                     return
+                stat = file.stat()
+                etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+                if self.headers.get("If-None-Match") == etag:
+                    self.send_response(304)
+                    self.send_header("ETag", etag)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = file.read_bytes()
                 self.send_response(200)
-                self.send_header(
-                    "Content-Type", CONTENT_TYPES.get(file.suffix, "application/octet-stream")
-                )
+                content_type = CONTENT_TYPES.get(file.suffix, "application/octet-stream")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Cache-Control", server.cache_control)
+                self.send_header("ETag", etag)
                 self.end_headers()
                 self.wfile.write(body)
 
