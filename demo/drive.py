@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
+import runpy
 import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from playwright.sync_api import ConsoleMessage, Error, Page, ViewportSize, sync_playwright
@@ -57,17 +58,8 @@ XSS_NAME = '<img src=x onerror="window.__demoXss=(window.__demoXss||0)+1">'
 XSS_NOTE = "<b>bold?</b> notes stay text"
 
 
-def _playwright_config() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "playwright_config", ROOT / "playwright.config.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CONFIG = _playwright_config()
+# playwright.config.py is not an importable module name (the dot), so run it as a file.
+CONFIG: Any = SimpleNamespace(**runpy.run_path(str(ROOT / "playwright.config.py")))
 
 
 class StepFailed(Exception):

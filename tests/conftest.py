@@ -6,11 +6,12 @@ settings in playwright.config.py (Debian's Chromium, never a downloaded one).
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,17 +23,8 @@ WEB = ROOT / "build" / "web"
 PAGES = ROOT / "tests" / "browser" / "pages"
 
 
-def _load_playwright_config() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "playwright_config", ROOT / "playwright.config.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PLAYWRIGHT_CONFIG = _load_playwright_config()
+# playwright.config.py is not an importable module name (the dot), so run it as a file.
+PLAYWRIGHT_CONFIG: Any = SimpleNamespace(**runpy.run_path(str(ROOT / "playwright.config.py")))
 
 
 @pytest.fixture(scope="session")
