@@ -14,20 +14,30 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
 
+from .agents import AgentLoadError
 from .app import create_app, uvicorn_config
 from .config import ServerConfig
+from .model_choice import ModelChoiceError
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, not {text}")
     return value
 
 
@@ -100,8 +110,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=defaults.model,
-        help="the model that answers; 'scripted' is deterministic and offline "
-        "(default: %(default)s)",
+        help="the model that answers: any pydantic-ai model name (openai:gpt-4o, "
+        "anthropic:claude-sonnet-4-5, google-gla:gemini-2.5-flash, groq:..., test), its key "
+        "from the provider's usual environment variable; 'scripted' is deterministic and "
+        "offline (default: %(default)s; with --agent, the agent's own model)",
+    )
+    p.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="serve this pydantic-ai Agent (e.g. examples.agent:agent), with each session's "
+        "page tools added per run (default: a plain agent)",
+    )
+    p.add_argument(
+        "--client-tools",
+        choices=("rpc", "round-trip"),
+        default=defaults.client_tools,
+        help="'rpc' calls page tools inside the run, in one response; 'round-trip' offers "
+        "them without execution, so a call ends the response with finishReason tool-calls "
+        "and the page's next request carries the output (default: %(default)s)",
+    )
+    p.add_argument(
+        "--first-chunk-delay",
+        type=_not_negative,
+        default=defaults.first_chunk_delay,
+        metavar="SECONDS",
+        help="the scripted model waits this long before its first delta (default: %(default)s)",
+    )
+    p.add_argument(
+        "--chunk-delay",
+        type=_not_negative,
+        default=defaults.chunk_delay,
+        metavar="SECONDS",
+        help="the scripted model waits this long before every later delta (default: %(default)s)",
     )
     p.add_argument(
         "--ttl",
@@ -140,6 +180,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
         disconnect_policy=args.disconnect_policy,
         model=args.model,
+        agent=args.agent,
+        client_tools=args.client_tools,
+        first_chunk_delay=args.first_chunk_delay,
+        chunk_delay=args.chunk_delay,
         log_level=args.log_level,
         ttl=args.ttl,
         idle_timeout=args.idle_timeout,
@@ -170,7 +214,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     clock = offset_clock(Path(offset_file)) if offset_file else time.time
     if offset_file:
         logging.getLogger(__name__).warning("simulated clock: offset read from %s", offset_file)
-    uvicorn.Server(uvicorn_config(create_app(config, clock=clock), config)).run()
+    try:
+        app = create_app(config, clock=clock)
+    except (ModelChoiceError, AgentLoadError) as exc:
+        # One line that says what to do, not a traceback.
+        print(f"clienttools-server: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    uvicorn.Server(uvicorn_config(app, config)).run()
 
 
 if __name__ == "__main__":

@@ -14,18 +14,23 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
+from pydantic_ai import Agent
+from pydantic_ai.models import Model, infer_model
 from starlette.applications import Starlette
 from starlette.routing import Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from .agents import default_agent, load_agent
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
 from .ledger import Ledger, MemoryLedger, SqliteLedger
-from .models import Model, create_model
+from .model_choice import choose_model
+from .scripted import SCRIPTED
 from .server_tools import ServerTool, default_server_tools
 
 logger = logging.getLogger(__name__)
@@ -52,21 +57,53 @@ async def chat_endpoint(websocket: WebSocket) -> None:
     await Connection(websocket, websocket.path_params["session"], hub, config).serve()
 
 
+def serving(
+    config: ServerConfig, agent: Agent[None, Any] | None = None, model: Model | None = None
+) -> tuple[Agent[None, Any], Model]:
+    """The agent and the model a server with ``config`` runs.
+
+    The agent is ``agent``, else ``config.agent`` loaded, else a plain one; the
+    model is ``model``, else the ``--model`` name when it is not the default,
+    else the agent's own model, else the scripted one. Raises ModelChoiceError
+    or AgentLoadError with a message that says what to do.
+    """
+    if agent is None:
+        agent = load_agent(config.agent) if config.agent is not None else default_agent()
+    if model is None:
+        if config.model == SCRIPTED and agent.model is not None:
+            model = infer_model(agent.model)
+        else:
+            model = choose_model(
+                config.model,
+                first_chunk_delay=config.first_chunk_delay,
+                chunk_delay=config.chunk_delay,
+            )
+    return agent, model
+
+
 def create_app(
     config: ServerConfig,
     *,
+    agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Starlette:
-    """The app for ``config``; ``model`` and ``server_tools`` replace the defaults (tests)."""
-    chosen_model = model if model is not None else create_model(config.model)
+    """The ASGI app for ``config``, serving ``agent`` (a user's pydantic-ai Agent) if given.
+
+    Each session's page tools are added to the agent per run. ``model``
+    replaces the agent's model; ``server_tools`` the default server tools.
+    """
+    chosen_agent, chosen_model = serving(config, agent, model)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         ledger: Ledger = SqliteLedger(config.db) if config.db is not None else MemoryLedger()
-        hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
+        hub = Hub(
+            config, ledger, chosen_agent, chosen_model, tools,
+            durable=config.db is not None, clock=clock,
+        )  # fmt: skip
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
@@ -129,12 +166,13 @@ class RunningServer:
 async def running_server(
     config: ServerConfig,
     *,
+    agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
-    app = create_app(config, model=model, server_tools=server_tools, clock=clock)
+    app = create_app(config, agent=agent, model=model, server_tools=server_tools, clock=clock)
     server = _EmbeddedServer(uvicorn_config(app, config))
     task = asyncio.create_task(server.serve())
     while not server.started:

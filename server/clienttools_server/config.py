@@ -16,6 +16,9 @@ from typing import Literal, TypeAlias
 from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 
 DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
+# How page tools reach the model: "rpc" calls them inside the run (one response);
+# "round-trip" offers them without execution, as the AI SDK's client-side tools.
+ClientToolsMode: TypeAlias = Literal["rpc", "round-trip"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,14 @@ class ServerConfig:
     max_tool_timeout: float = 300.0
     # S4: what a call whose connection closes does.
     disconnect_policy: DisconnectPolicy = "wait"
+    # Any pydantic-ai model name ("openai:gpt-4o", "test", ...) or "scripted".
     model: str = "scripted"
+    # ``module:attr`` of a user's pydantic-ai Agent to serve (None: a plain agent).
+    agent: str | None = None
+    client_tools: ClientToolsMode = "rpc"
+    # The scripted model's pacing: before its first delta, and before every later one.
+    first_chunk_delay: float = 0.0
+    chunk_delay: float = 0.0
     log_level: str = "info"
     # S8: paused runs expire after this long without progress; checked every expiry_interval
     # (or every ttl / 2, when that is shorter).
@@ -68,5 +78,9 @@ class ServerConfig:
             raise ValueError(
                 "ttl, expiry_interval, ping_interval and idle_timeout must be positive"
             )
+        if self.client_tools not in ("rpc", "round-trip"):
+            raise ValueError(f"unknown client tools mode {self.client_tools!r}")
+        if min(self.first_chunk_delay, self.chunk_delay) < 0:
+            raise ValueError("chunk delays must not be negative")
         if self.resume_grace < 0:
             raise ValueError("resume_grace must not be negative")

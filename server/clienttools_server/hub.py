@@ -6,7 +6,7 @@ response of each chat, the run tasks, the browser-tool proxy and the
 approvals. Connections call it with parsed frames; runs reach tools through a
 :class:`SessionTools` host.
 
-    hub = Hub(config, ledger, ScriptedModel(), default_server_tools(), durable=False)
+    hub = Hub(config, ledger, Agent(), scripted_model(), default_server_tools(), durable=False)
     hub.attach(connection)
     hub.start_run(connection, send_frame)
     await hub.close()
@@ -21,9 +21,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import JsonValue
+from pydantic_ai import Agent
+from pydantic_ai.models import Model
+from pydantic_ai.toolsets import FunctionToolset
 
 from clienttools.protocol import (
     MAX_TOOL_SPEC_BYTES,
@@ -43,11 +46,11 @@ from clienttools.protocol import (
 )
 
 from .config import ServerConfig
-from .ledger import Ledger, Outcome, Resolution, Step, canonical_json
-from .models import JsonObject, Model, ToolCall, ToolDescription
-from .proxy import Approvals, BrowserTools, Peer, StartedCall
-from .runtime import Run, RunRequest
-from .server_tools import ServerTool
+from .journal import StartedCall, ToolCall
+from .ledger import Ledger, Outcome, Step, canonical_json
+from .proxy import Approvals, BrowserTools, Peer
+from .runs import Run, RunRequest
+from .server_tools import ServerTool, ServerToolset
 from .stream import ChunkLog
 
 logger = logging.getLogger(__name__)
@@ -76,7 +79,9 @@ class Client(Peer, Protocol):
 
 
 @dataclass(slots=True)
-class Session:
+class SessionState:
+    """The server's side of one session: its live connections and streaming responses."""
+
     name: str
     clients: list[Client] = field(default_factory=list)
     # chat id -> the response streaming for it
@@ -96,6 +101,7 @@ class Hub:
         self,
         config: ServerConfig,
         ledger: Ledger,
+        agent: Agent[None, Any],
         model: Model,
         server_tools: Mapping[str, ServerTool],
         *,
@@ -104,10 +110,14 @@ class Hub:
     ) -> None:
         self.config = config
         self.ledger = ledger
+        self.agent = agent
         self.model = model
         self.server_tools = dict(server_tools)
+        self.server_toolset = ServerToolset(self.server_tools)
+        # Names a page tool cannot take: the server's tools and the agent's own.
+        self.reserved_names = frozenset(self.server_tools) | agent_tool_names(agent)
         self.clock = clock
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, SessionState] = {}
         self.runs: dict[str, ActiveRun] = {}
         self.browser = BrowserTools(ledger, config, self.find_peer, durable=durable, clock=clock)
         self.approvals = Approvals(ledger, clock)
@@ -236,13 +246,13 @@ class Hub:
 
     # -- connections ------------------------------------------------------------------
 
-    def _session(self, name: str) -> Session:
+    def _session(self, name: str) -> SessionState:
         session = self.sessions.get(name)
         if session is None:
-            session = self.sessions[name] = Session(name)
+            session = self.sessions[name] = SessionState(name)
         return session
 
-    def _forget_if_idle(self, session: Session) -> None:
+    def _forget_if_idle(self, session: SessionState) -> None:
         if not session.clients and not session.logs:
             self.sessions.pop(session.name, None)
 
@@ -302,7 +312,7 @@ class Hub:
     def _refusal(self, spec: ToolSpec, accepted: Mapping[str, ToolSpec]) -> str | None:
         if spec.name in accepted:
             return "a tool of this name is already in this registration"
-        if spec.name in self.server_tools:
+        if spec.name in self.reserved_names:
             return "the name is taken by a server tool"
         if len(accepted) >= MAX_TOOLS_PER_CONNECTION:
             return f"at most {MAX_TOOLS_PER_CONNECTION} tools per connection"
@@ -348,8 +358,10 @@ class Hub:
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
-            execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
-            log.append, clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
+            execution_id, request, self.ledger, self.agent, self.model,
+            SessionTools(self, session_name), self.server_toolset, log.append,
+            clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
+            client_tools=self.config.client_tools,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
@@ -419,16 +431,15 @@ class Hub:
 
 
 class SessionTools:
-    """The ToolHost of a run: the server tools plus the browser tools of its session."""
+    """What a run of one session reaches: its pages' tools, the browser-call proxy, approvals."""
 
     def __init__(self, hub: Hub, session: str) -> None:
         self.hub = hub
         self.session = session
 
-    def _browser_specs(self) -> dict[str, ToolSpec]:
-        # S2: the model sees every tool the session's pages registered; a call
-        # to one whose page is gone waits for the next page that registers it.
-        # A live page's spec wins over a remembered one.
+    def specs(self) -> dict[str, ToolSpec]:
+        """S2: every tool the session's pages registered; a live page's spec wins."""
+        # A call to one whose page is gone waits for the next page that registers it.
         session = self.hub.sessions.get(self.session)
         specs: dict[str, ToolSpec] = dict(self.hub.known_tools.get(self.session, {}))
         if session is not None:
@@ -436,34 +447,6 @@ class SessionTools:
                 if client.is_open:
                     specs.update(client.tools)
         return specs
-
-    def descriptions(self) -> list[ToolDescription]:
-        found = [tool.describe() for tool in self.hub.server_tools.values()]
-        found += [
-            ToolDescription(spec.name, spec.description, dict(spec.input_schema))
-            for spec in self._browser_specs().values()
-        ]
-        return found
-
-    def _spec(self, name: str) -> ToolSpec | None:
-        peer = self.hub.find_peer(self.session, name)
-        spec = peer.tool_spec(name) if peer is not None else None
-        return spec if spec is not None else self.hub.remembered_tool(self.session, name)
-
-    def resolution_for(self, name: str) -> Resolution | None:
-        if name in self.hub.server_tools:
-            return "server"
-        return "client" if self._spec(name) is not None else None
-
-    def needs_approval(self, name: str) -> bool:
-        tool = self.hub.server_tools.get(name)
-        if tool is not None:
-            return tool.needs_approval
-        spec = self._spec(name)
-        return bool(spec is not None and spec.needs_approval)
-
-    async def run_server_tool(self, name: str, tool_input: JsonObject) -> JsonValue:
-        return await self.hub.server_tools[name].run(tool_input)
 
     async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
         return await self.hub.browser.call(self.session, step, call)
@@ -473,3 +456,12 @@ class SessionTools:
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self.hub.approvals.wait(self.session, step, call)
+
+
+def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:
+    """The names of the agent's own function tools (those it holds without a run)."""
+    names: set[str] = set()
+    for toolset in agent.toolsets:
+        if isinstance(toolset, FunctionToolset):
+            names.update(toolset.tools)
+    return frozenset(names)

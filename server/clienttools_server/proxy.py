@@ -40,8 +40,8 @@ from clienttools.protocol import (
 )
 
 from .config import ServerConfig
+from .journal import ToolCall
 from .ledger import Ledger, Step, canonical_json
-from .models import ToolCall
 from .schema import schema_errors
 
 logger = logging.getLogger(__name__)
