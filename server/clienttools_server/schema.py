@@ -82,7 +82,10 @@ class OutputSchemas:
         except SchemaError as exc:
             return [f"the outputSchema is not a valid schema: {exc.message}"]
         try:
-            found = sorted(validator.iter_errors(value), key=lambda e: (str(e.path), e.message))
+            found = sorted(
+                validator.iter_errors(value),
+                key=lambda e: ([str(part) for part in e.path], e.message),
+            )
         except Exception as exc:  # a $ref to nothing, say: jsonschema finds it only now
             return [f"the outputSchema cannot be applied: {exc}"]
         return [f"{_where(error.path)}: {error.message}" for error in found[:MAX_ERRORS]]

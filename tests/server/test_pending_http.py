@@ -14,8 +14,11 @@ approved and denied over HTTP.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import shlex
 import sqlite3
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -285,3 +288,90 @@ async def test_approvals_approved_and_denied_over_http(server: Server) -> None:
         await page.close()
     assert ran == [5]
     assert message.text == 'transfer -> "moved 5"\ntransfer failed: denied: too much'
+
+
+# -- docs/durability.md: the curl walkthrough runs as written ------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "durability.md"
+
+
+def _walkthrough() -> tuple[list[str], list[tuple[str, str]]]:
+    """The server's arguments and each (command, expected output) of the walkthrough."""
+    text = DOC.read_text()
+    section = text[text.index("### A walkthrough with `curl`") : text.index("### In Python")]
+    blocks = re.findall(r"```console\n(.*?)```", section, re.S)
+    steps: list[tuple[str, str]] = []
+    server_args: list[str] = []
+    for block in blocks:
+        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            if command.startswith("clienttools-server "):
+                server_args = shlex.split(command)[1:]
+            else:
+                steps.append((command, output.rstrip("\n")))
+    return server_args, steps
+
+
+class Location(BaseModel):
+    lat: float
+    lon: float
+
+
+async def test_the_curl_walkthrough_in_the_docs_runs(tmp_path: Path) -> None:
+    server_args, steps = _walkthrough()
+    assert server_args and len(steps) >= 8
+    env = {"PAGE_TOKEN": "page-" + "p" * 8, "ADMIN_TOKEN": "admin-" + "a" * 8}
+    expanded = [env.get(a[1:], a) if a.startswith("$") else a for a in server_args]
+    port_at = expanded.index("--port")
+    doc_port = expanded[port_at + 1]
+    del expanded[port_at : port_at + 2]  # ServerProcess picks a free port
+    expanded[expanded.index("--db") + 1] = str(tmp_path / "ledger.sqlite3")
+    process = ServerProcess(expanded, log=tmp_path / "server.log")
+    await asyncio.to_thread(process.start)
+    try:
+        page = ToolClient(process.ws_url("demo"), token=env["PAGE_TOKEN"], reconnect=False)
+        started = asyncio.Event()
+
+        @page.tool
+        async def get_location(precise: bool) -> Location:
+            """Where the user is (the page is closed before it answers)."""
+            started.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        await page.connect()
+        reply = asyncio.create_task(page.chat.send('call get_location {"precise": true}'))
+        await asyncio.wait_for(started.wait(), 20)
+        await page.close()
+        reply.cancel()
+        await asyncio.gather(reply, return_exceptions=True)
+        script = "set -euo pipefail\n"
+        for command, _ in steps:
+            command = command.replace(f"127.0.0.1:{doc_port}", f"127.0.0.1:{process.port}")
+            script += f"echo '@@@'\n{command}\n"
+        done = await asyncio.to_thread(
+            subprocess.run, ["bash", "-c", script], capture_output=True, text=True,
+            env={**os.environ, **env}, cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outputs = [o.strip("\n") for o in done.stdout.split("@@@\n")[1:]]
+        execution = (await http_json(
+            "127.0.0.1", process.port, "GET", "/executions?session=demo", token=env["ADMIN_TOKEN"]
+        )).json["executions"][0]  # fmt: skip
+        run = execution["executionId"]
+        assert [o.replace(run, "EXECUTION") for o in outputs] == [out for _, out in steps]
+        # The run went on: the model answered with the resolved value.
+        async with asyncio.timeout(20):
+            while True:
+                detail = (await http_json(
+                    "127.0.0.1", process.port, "GET", f"/executions/{run}",
+                    token=env["ADMIN_TOKEN"],
+                )).json  # fmt: skip
+                if detail["status"] == "completed":
+                    break
+                await asyncio.sleep(0.05)
+        events = detail["steps"][-1]["result"]["events"]
+        text = "".join(e.get("text", "") for e in events)
+        assert text == 'get_location -> {"lat":52.52,"lon":13.4}'
+    finally:
+        await asyncio.to_thread(process.stop)
