@@ -35,6 +35,21 @@ MAX_TOOL_SPEC_BYTES = 65_536
 TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 MAX_REQUEST_ID_CHARS = 256
 
+_NAME_START = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_"
+_NAME_REST = _NAME_START + "0123456789-"
+
+
+def is_tool_name(name: object) -> bool:
+    """True when `name` matches TOOL_NAME_PATTERN (MicroPython's `re` has no `{m,n}`).
+
+    >>> is_tool_name("read_text"), is_tool_name("9lives"), is_tool_name("x" * 65)
+    (True, False, False)
+    """
+    if not isinstance(name, str) or not 0 < len(name) <= 64 or name[0] not in _NAME_START:
+        return False
+    return all(char in _NAME_REST for char in name)
+
+
 #: Every ToolError code; protocol.ErrorCode spells the same list as a Literal (a test checks).
 ERROR_CODES = (
     "unknown_tool",
