@@ -69,7 +69,9 @@ def write_text(selector, text):
     return True
 
 
-@client.tool(description="Keep a value in localStorage.", schema=obj(["key", "value"], key=STR, value=STR))
+@client.tool(
+    description="Keep a value in localStorage.", schema=obj(["key", "value"], key=STR, value=STR)
+)
 def remember(key, value):
     ran("remember")
     js.localStorage.setItem(key, value)
@@ -81,7 +83,9 @@ def recall(key):
     return js.localStorage.getItem(key)  # JS null (a missing key) arrives as None
 
 
-@client.tool(description="Add two integers.", schema=obj(["a", "b"], a=INT, b=INT), output_schema=INT)
+@client.tool(
+    description="Add two integers.", schema=obj(["a", "b"], a=INT, b=INT), output_schema=INT
+)
 def add(a, b):
     ran("add")
     return a + b
@@ -129,7 +133,9 @@ async def wait_forever(ctx):
         raise
 
 
-@client.tool(description="Report progress `steps` times.", schema=obj(["steps"], steps=INT), context=True)
+@client.tool(
+    description="Report progress `steps` times.", schema=obj(["steps"], steps=INT), context=True
+)
 async def count_up(steps, ctx):
     ran("count_up")
     for step in range(1, steps + 1):
