@@ -10,11 +10,11 @@ runs it in its own (that starts the ledger and the run supervisor).
 
 from __future__ import annotations
 
+from examples.agent import agent
 from fastapi import FastAPI
 
 from clienttools_server.app import create_app
 from clienttools_server.config import ServerConfig
-from examples.agent import agent
 
 clienttools = create_app(ServerConfig(), agent=agent)
 app = FastAPI(lifespan=lambda _: clienttools.router.lifespan_context(clienttools))
