@@ -79,7 +79,9 @@ class ToolFailure(Exception):
         self.message = message
 
 
-class StartedCall(Protocol):
+class DeliveredCall(Protocol):
+    """A browser call the proxy delivered as it was recorded (the proxy's StartedCall)."""
+
     async def wait(self) -> Step | None:
         """Return once the step is no longer pending: the settled step, or None."""
         ...
@@ -92,7 +94,7 @@ class StartedCall(Protocol):
 class PageCalls(Protocol):
     """How a run reaches the pages of its session: the browser-call proxy and approvals."""
 
-    def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
+    def start_client_tool(self, step: Step, call: ToolCall) -> DeliveredCall:
         """Deliver the call of a pending ``client`` step now; wait for it later."""
         ...
 
@@ -123,7 +125,7 @@ class PlannedCall:
     approval: Step | None
     tool: Step
     # Delivered while it was recorded (a browser call with no approval to wait for).
-    started: StartedCall | None = None
+    started: DeliveredCall | None = None
     # pydantic-ai called the tool (an unknown tool or invalid arguments are never called).
     called: bool = False
 
