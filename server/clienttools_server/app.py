@@ -23,8 +23,9 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model, infer_model
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Mount, WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -114,6 +115,13 @@ def serving(
     return agent, model
 
 
+def model_label(config: ServerConfig, model: Model) -> str:
+    """The model's name as a person reads it: the ``--model`` name, or the model's own."""
+    if config.model != SCRIPTED or model.model_name == SCRIPTED:
+        return config.model
+    return f"{model.system}:{model.model_name}"
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -149,7 +157,16 @@ def create_app(
             await hub.close()
             ledger.close()
 
-    routes: list[BaseRoute] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    label = model_label(config, chosen_model)
+
+    async def info(request: Request) -> JSONResponse:
+        """What answers: the model's name (the demo page shows it) and the agent's."""
+        return JSONResponse({"model": label, "agent": chosen_agent.name})
+
+    routes: list[BaseRoute] = [
+        WebSocketRoute("/agents/chat/{session}", chat_endpoint),
+        Route("/agents/info", info, methods=["GET"]),
+    ]
     routes += pending_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))

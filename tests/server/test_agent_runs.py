@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +46,14 @@ async def page(bank: RunningServer, chunk_collector: ChunkCollector) -> AsyncIte
     yield browser
     await browser.close()
     assert not browser.violations, browser.violations
+
+
+async def test_info_says_which_model_and_agent_answer(bank: RunningServer) -> None:
+    def get() -> Any:
+        with urllib.request.urlopen(f"{bank.http_url}/agents/info", timeout=5) as response:
+            return json.load(response)
+
+    assert await asyncio.to_thread(get) == {"model": "scripted", "agent": "bank"}
 
 
 async def test_agent_tools_run_beside_page_tools(bank: RunningServer, page: FakeBrowser) -> None:
