@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -275,3 +276,12 @@ def test_an_agent_that_cannot_be_loaded_is_one_line_and_exit_2() -> None:
     assert done.stderr.strip() == (
         "clienttools-server: 'examples.agent' has no attribute 'nothing'"
     )
+
+
+def test_the_docs_mount_example_is_the_tested_file() -> None:
+    doc = (ROOT / "docs" / "agents.md").read_text()
+    [block] = re.findall(r"```python\n(.*?)```", doc, re.S)
+    example = (ROOT / "examples" / "fastapi_app.py").read_text()
+    for line in block.splitlines():
+        code = line.split("  #")[0].rstrip()
+        assert code in example, code
