@@ -206,11 +206,11 @@ async def test_finished_executions_are_pruned_after_the_retention(
         request_id = await tab.start_chat("call t {}", chat_id="chat-2")
         invoke = await tab.expect("cf_agent_client_tool_invoke")  # chat-2 waits on the page
         [finished] = ledger.executions(["completed"])
-        assert server.hub.finished  # kept for a late resume, for resume_grace
+        assert len(server.hub.finished)  # kept for a late resume, for resume_grace
         await wait_until(lambda: not ledger.executions(["completed"]), 5, "the prune")
         assert ledger.get_execution(finished.id) is None
         assert ledger.steps(finished.id) == []
-        await wait_until(lambda: not server.hub.finished, 5, "the finished responses to go")
+        await wait_until(lambda: not len(server.hub.finished), 5, "the finished responses to go")
         # The waiting run is not finished: it stays, however old.
         [waiting] = ledger.executions()
         assert waiting.status == "running" and len(ledger.pending_steps()) == 1
