@@ -88,6 +88,9 @@ class ChunkWriter:
             "toolName": part.tool_name,
             "input": _args(part),
         }
+        self.journal.events.append({"toolCall": call})
+        if part.tool_name in self.journal.output_tools:
+            return  # the agent's structured output: recorded for replay, not a tool to show
         self.emit(
             {
                 "type": "tool-input-start",
@@ -96,7 +99,6 @@ class ChunkWriter:
             }
         )
         self.emit({"type": "tool-input-available", **call})
-        self.journal.events.append({"toolCall": call})
 
     def tool_event(self, event: AgentStreamEvent) -> bool:
         """Emit a tool result's chunk; True when ``event`` was one."""

@@ -180,6 +180,8 @@ class RunJournal:
         self.catalog: dict[str, tuple[Resolution, bool]] = {}
         # Tools offered without execution (round trip): the page answers in its next request.
         self.deferred_tools: set[str] = set()
+        # The agent's output tools (structured output): pydantic-ai's, not calls to journal.
+        self.output_tools: set[str] = set()
         self.planned: dict[str, PlannedCall] = {}
 
     # -- model steps -----------------------------------------------------------------
@@ -210,7 +212,9 @@ class RunJournal:
         calls = [
             ToolCall(p.tool_call_id, p.tool_name, _args(p))
             for p in response.parts
-            if isinstance(p, ToolCallPart) and p.tool_name not in self.deferred_tools
+            if isinstance(p, ToolCallPart)
+            and p.tool_name not in self.deferred_tools
+            and p.tool_name not in self.output_tools
         ]
         planned: list[PlannedCall] = []
         # No await in here: the chunks and invokes queued leave after the commit.
@@ -474,6 +478,7 @@ class JournaledModel(WrapperModel):
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
         journal, name = self.journal, self.model_name
+        journal.output_tools = {t.name for t in model_request_parameters.output_tools}
         step = journal.begin_model_step(name, messages)
         if step.recorded is not None:
             replay = FunctionModel(stream_function=_replay_stream(step.recorded), model_name=name)

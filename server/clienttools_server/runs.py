@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
+from pydantic_core import to_jsonable_python
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded, UserError
 from pydantic_ai.models import Model
@@ -195,5 +196,13 @@ class Run:
             raise RunFailed(f"the agent could not run: {exc}") from exc
         finally:
             journal.abandon_started()
-        deferred = result is not None and isinstance(result.output, DeferredToolRequests)
-        self._finish("tool-calls" if deferred else "stop")
+        output = result.output if result is not None else None
+        if output is not None and not isinstance(output, str | DeferredToolRequests):
+            # A structured output: the page shows it as text (JSON).
+            text = json.dumps(to_jsonable_python(output), ensure_ascii=False)
+            self.emit({"type": "start-step"})
+            self.emit({"type": "text-start", "id": "output"})
+            self.emit({"type": "text-delta", "id": "output", "delta": text})
+            self.emit({"type": "text-end", "id": "output"})
+            self.emit({"type": "finish-step"})
+        self._finish("tool-calls" if isinstance(output, DeferredToolRequests) else "stop")

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
 from clienttools_server.app import RunningServer, running_server
@@ -168,3 +170,30 @@ async def test_round_trip_ends_the_response_and_continues_from_the_next_send(
     assert second.text == 'echo -> {"x":1}'
     assert second.chunks[-1] == {"type": "finish", "finishReason": "stop"}
     await settled(server.hub)
+
+
+async def test_structured_output_is_the_answer_and_no_tool_step(
+    chunk_collector: ChunkCollector,
+) -> None:
+    class Answer(BaseModel):
+        city: str
+
+    agent: Agent[None, Any] = Agent(name="typed", output_type=Answer)
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(config, agent=agent, model=TestModel()) as server:
+        page = await FakeBrowser.connect(server.ws_url("o1"), chunk_collector)
+        await page.register([])
+        response = await page.chat("where?")
+        await page.close()
+        assert json.loads(response.text) == {"city": "a"}
+        # TestModel calls every tool (server_time here), then the output tool: not shown.
+        shown = {c["toolName"] for c in response.of_type("tool-input-available")}
+        assert shown == {"server_time"}
+        await settled(server.hub)
+        [execution] = server.app.state.ledger.executions()
+        steps = server.app.state.ledger.steps(execution.id)
+        assert [(s.kind, s.name) for s in steps] == [
+            ("model", "test"),
+            ("tool", "server_time"),
+            ("model", "test"),
+        ]
