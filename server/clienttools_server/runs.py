@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
-from pydantic_core import to_jsonable_python
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded, UserError
 from pydantic_ai.models import Model
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.combined import CombinedToolset
 from pydantic_ai.usage import UsageLimits
+from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import ToolSpec
 
