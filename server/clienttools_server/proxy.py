@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -39,6 +38,7 @@ from clienttools.protocol import (
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
 from .ledger import Ledger, Step, canonical_json
 from .models import ToolCall
@@ -88,8 +88,8 @@ class PendingCall:
     attempt: int = 0
     idle_timeout: float = 0.0
     last_progress: float | None = None
-    idle_timer: asyncio.TimerHandle | None = None
-    hard_timer: asyncio.TimerHandle | None = None
+    idle_timer: Timer | None = None
+    hard_timer: Timer | None = None
     settled_by: Literal["result", "server"] | None = None
     # The step as this proxy's resolve or reject left it, so the run need not read it back.
     settled_step: Step | None = None
@@ -146,7 +146,7 @@ class BrowserTools:
         find_peer: FindPeer,
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -242,7 +242,7 @@ class BrowserTools:
         self.ledger.reject(
             entry.execution_id, entry.seq,
             _error_json("cancelled", "the response was aborted before this call finished"),
-            self.clock(),
+            self.clock.now(),
         )  # fmt: skip
 
     def _send_cancel(self, entry: PendingCall, reason: CancelReason) -> None:
@@ -263,7 +263,7 @@ class BrowserTools:
         entry.idle_timeout = min(wanted, self.config.max_tool_timeout)
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
         entry.last_progress = None
-        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock())
+        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock.now())
         peer.send(
             InvokeFrame(
                 request_id=entry.request_id,
@@ -276,10 +276,11 @@ class BrowserTools:
                 attempt=entry.attempt,
             )
         )
-        loop = asyncio.get_running_loop()
         self._stop_timers(entry)
-        entry.idle_timer = loop.call_later(entry.idle_timeout, self._time_out, entry)
-        entry.hard_timer = loop.call_later(self.config.max_tool_timeout, self._time_out, entry)
+        entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
+        entry.hard_timer = self.clock.call_later(
+            self.config.max_tool_timeout, self._time_out, entry
+        )
 
     @staticmethod
     def _stop_timers(entry: PendingCall) -> None:
@@ -313,7 +314,7 @@ class BrowserTools:
         """Record the outcome and wake the run; False when the ledger refused the result."""
         entry.settled_by = by
         self._stop_timers(entry)
-        now = self.clock()
+        now = self.clock.now()
         stored = True
         if result_json is not None:
             outcome = self.ledger.resolve(entry.execution_id, entry.seq, result_json, now)
@@ -418,7 +419,7 @@ class BrowserTools:
             execution = self.ledger.get_execution(step.execution_id)
             if execution is None or execution.session != peer.session:
                 return _ack(frame.request_id, "invalid", "the call belongs to another session")
-            now = self.clock()
+            now = self.clock.now()
             if frame.error is not None:
                 error = frame.error.model_dump(mode="json", exclude_none=True)
                 self.ledger.reject(step.execution_id, step.seq, canonical_json(error), now)
@@ -446,9 +447,7 @@ class BrowserTools:
         entry.last_progress = frame.progress
         if entry.idle_timer is not None:
             entry.idle_timer.cancel()
-            entry.idle_timer = asyncio.get_running_loop().call_later(
-                entry.idle_timeout, self._time_out, entry
-            )
+            entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
 
     def on_disconnect(self, peer: Peer) -> None:
         """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls."""
@@ -497,7 +496,7 @@ class Approvals:
     """Pending approvals of needsApproval tools, keyed by (session, toolCallId)."""
 
     ledger: Ledger
-    clock: Callable[[], float] = time.time
+    clock: Clock = SYSTEM_CLOCK
     waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
 
     async def wait(self, session: str, step: Step, call: ToolCall) -> None:
@@ -521,12 +520,12 @@ class Approvals:
         if frame.reason is not None:
             verdict["reason"] = frame.reason
         outcome = self.ledger.resolve(
-            wait.execution_id, wait.seq, canonical_json(verdict), self.clock()
+            wait.execution_id, wait.seq, canonical_json(verdict), self.clock.now()
         )
         if not outcome.ok:
             self.ledger.reject(
                 wait.execution_id, wait.seq, _error_json("invalid_output", outcome.message),
-                self.clock(),
+                self.clock.now(),
             )  # fmt: skip
         wait.future.set_result(None)
         return None

@@ -29,6 +29,8 @@ from clienttools_server.models import (
     words,
 )
 from clienttools_server.schema import schema_errors
+from tests.support.clock import ManualClock
+from tests.support.wait import wait_until
 
 
 @given(st.text())
@@ -176,6 +178,24 @@ async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     ping = await tab.expect("cf_agent_ping")
     await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
     await tab.close()
+
+
+async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
+    start_server: Any, chunk_collector: Any
+) -> None:
+    clock = ManualClock()
+    server = await start_server(clock=clock)  # pings every 15 s, idle peers closed after 30 s
+    start = clock.now()
+    idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    # Its ping loop and idle timer are both waiting on the clock, not on real time.
+    await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
+    clock.advance(15)
+    ping = await idle.expect("cf_agent_ping")
+    assert ping["t"] == (start + 15) * 1000
+    assert idle.close_code is None
+    clock.advance(15)
+    assert await idle.expect_closed() == 1008
+    await idle.close()
 
 
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:
