@@ -27,6 +27,7 @@ from tests.support.static import StaticServer
 from bench import report
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
+from bench.servermemory import measure as measure_server_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
@@ -46,6 +47,10 @@ class Settings:
     memory_warmup: int = 1000
     fleet_clients: int = 100
     fleet_invokes: int = 100
+    # Figure 6 (first run only): chats against one server without --db, and after how
+    # many the resident memory is the reference for the growth.
+    memory_chats: int = 20_000
+    memory_chats_warmup: int = 5_000
 
 
 QUICK = Settings(
@@ -56,6 +61,8 @@ QUICK = Settings(
     memory_warmup=50,
     fleet_clients=5,
     fleet_invokes=5,
+    memory_chats=300,
+    memory_chats_warmup=100,
 )
 
 
@@ -135,11 +142,18 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
 
 
 def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
-    """Figure 5 for one run: ledger on and ledger off, in alternating order."""
+    """Figure 5 for one run: ledger on and ledger off, in alternating order; figure 6 once."""
     out: dict[str, dict[str, Any]] = {}
     for name in _rotate(("ledger_on", "ledger_off"), run):
         out[name] = measure_server(
             name == "ledger_on", settings.fleet_clients, settings.fleet_invokes
+        )
+    if run == 0:
+        # Figure 6 is about growth over one long stretch, not a ratio: once is enough.
+        out["server_memory"] = measure_server_memory(
+            settings.memory_chats,
+            warmup=settings.memory_chats_warmup,
+            sample_every=max(settings.memory_chats // 20, 1),
         )
     return out
 
