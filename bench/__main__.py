@@ -24,7 +24,7 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report
+from bench import report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 
@@ -46,6 +46,8 @@ class Settings:
     memory_warmup: int = 1000
     fleet_clients: int = 100
     fleet_invokes: int = 100
+    #: Pending steps resolved at once over HTTP (bench/resolves.py), once per suite.
+    resolves_n: int = 1000
 
 
 QUICK = Settings(
@@ -56,6 +58,7 @@ QUICK = Settings(
     memory_warmup=50,
     fleet_clients=5,
     fleet_invokes=5,
+    resolves_n=50,
 )
 
 
@@ -152,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
-        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+        "--only",
+        choices=("browser", "server", "resolves"),
+        help="run only the browser figures, the server figures, or the HTTP resolves",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only != "server":
+    if args.only not in ("server", "resolves"):
         static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}, cache_seconds=3600).start()
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
@@ -174,7 +179,14 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only != "browser":
+    if args.only not in ("browser", "server"):
+        _progress(f"{settings.resolves_n} concurrent HTTP resolves")
+        resolved = resolves.measure(settings.resolves_n)
+        if not resolved["exactly_once"]:
+            raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
+    else:
+        resolved = None
+    if args.only not in ("browser", "resolves"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
@@ -190,9 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
     }
     results["runs"] = runs
+    if resolved is not None:
+        results["resolves"] = resolved
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
+    if resolved is not None:
+        markdown += "\n" + resolves.markdown(resolved)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0
