@@ -597,7 +597,7 @@ class BrowserTools:
     ) -> tuple[str, str] | None:
         try:
             size = json_size(output)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             return "invalid_output", f"the output is not JSON: {exc}"
         if size > self.config.max_result_bytes:
             return (

@@ -405,3 +405,42 @@ async def test_the_listing_is_newest_first_and_pages_with_before(tmp_path: Path)
             pending.executions(limit=0)
         reply = await http_json(running.host, running.port, "GET", "/executions?limit=x")
         assert (reply.status, set(reply.json)) == (422, {"message"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("GET", "/executions?limit=99999999999999999999999", None),
+        ("GET", "/executions?before=%00%ff&status=", None),
+        ("GET", "/executions/%00", None),
+        ("POST", "/executions/E/steps/1/resolve", b"[" * 100_000),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": NaN}'),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": 1, "extra": 2}'),
+        ("POST", "/executions/E/steps/1/resolve", b"\xff\xfe"),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": "' + b"x" * 2_000_000 + b'"}'),
+        ("POST", "/executions/E/steps/1/approve", b'{"approved": 1}'),
+        ("POST", "/executions/E/steps/1/reject", b'{"message": "m", "code": ""}'),
+        ("POST", "/executions/E/steps/1/reject", b'{"message": "' + b"m" * 1_100_000 + b'"}'),
+        ("POST", "/executions/E/steps/99999999999999999999/resolve", b'{"output": 1}'),
+        ("POST", "/executions/E/steps/-1/resolve", b'{"output": 1}'),
+        ("POST", "/executions/E/steps/1/explode", b'{"output": 1}'),
+        ("POST", "/executions/nope/steps/1/resolve", b'{"output": 1}'),
+    ],
+)
+async def test_no_request_gets_a_500(
+    tmp_path: Path, method: str, path: str, raw: bytes | None
+) -> None:
+    config = ServerConfig(port=0, log_level="warning", db=str(tmp_path / "l.sqlite3"))
+    async with running_server(config) as running:
+        ledger = running.app.state.ledger
+        execution = ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=1.0)
+        ledger.record_step(execution.id, 0, "model", "m", "{}", "server", 1.0, result_json="{}")
+        ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", 1.0, "r" * 32)
+        before = ledger.steps(execution.id)
+        reply = await http_json(
+            running.host, running.port, method, path.replace("/E/", f"/{execution.id}/"),
+            raw=raw if raw is not None else None,
+        )  # fmt: skip
+        assert reply.status in (404, 422), (reply.status, reply.body[:200])
+        assert "message" in reply.json
+        assert ledger.steps(execution.id) == before
