@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 WEB = ROOT / "build" / "web" / "pyodide"
 #: The pages of figures 1, 2 and 4, in their first run's order.
-INVOKE_PAGES = ("clienttools", "rawjs", "bare")
+INVOKE_PAGES = ("clienttools", "rawjs", "bare", "micropython")
 #: Invokes in flight at once while the memory figure runs (a busy page, not a burst).
 MEMORY_WINDOW = 100
 
@@ -77,7 +77,7 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
         # so a burst of load from elsewhere on the machine hits both sides alike. The
         # last warm load leaves a loaded page behind for figures 1, 2 and 4: the
         # clienttools page as (a) and the json-only bare page as (c).
-        order = _rotate(("clienttools", "pydantic", "rawjs"), run)
+        order = _rotate(("clienttools", "pydantic", "rawjs", "micropython"), run)
         order += [name for name in reversed(order) if name != "rawjs"]
         starts: dict[str, list[tuple[LoadedPage, LoadedPage]]] = {}
         for name in order:
@@ -93,7 +93,9 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
             # From the moment Pyodide is up to the tools frame: the same runtime start
             # is left out, so this is the SDK's own share (wheel, import, tools, connect).
             after_runtime = [
-                cold.tools_frame_ms - cold.marks["pyodide"] for cold, _ in pairs if cold.marks
+                cold.tools_frame_ms - cold.marks["pyodide"]
+                for cold, _ in pairs
+                if "pyodide" in cold.marks
             ]
             out.setdefault(name, {}).update(
                 cold_start_ms=statistics.fmean(cold_ms),
@@ -171,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
     if args.only not in ("server", "resolves"):
-        static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}, cache_seconds=3600).start()
+        dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
+        for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
+            dirs[f"/{name}/"] = WEB.parent / name
+        static = StaticServer(dirs, cache_seconds=3600).start()
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
                 for run in range(settings.runs):

@@ -48,6 +48,18 @@ ROWS = (
         scale=1e-6),
     Row("py_objects_growth", "4. Python objects tracked by gc, growth per 10k", "objects",
         "clienttools", "bare"),
+    # The MicroPython flavour (micropython.html): its start against the Pyodide SDK page,
+    # its invokes against raw JS.
+    Row("cold_start_ms", "3. cold start, MicroPython flavour", "ms", "micropython",
+        "clienttools", "ratio_max", 0.15),
+    Row("warm_start_ms", "3. warm start, MicroPython flavour", "ms", "micropython",
+        "clienttools"),
+    Row("roundtrip_p50_us", "1. round trip p50, MicroPython flavour", "µs", "micropython",
+        "rawjs"),
+    Row("roundtrip_p99_us", "1. round trip p99, MicroPython flavour", "µs", "micropython",
+        "rawjs"),
+    Row("throughput_per_s", "2. throughput, MicroPython flavour", "invokes/s", "micropython",
+        "rawjs"),
 )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from .models import Model, create_model
 from .pending import PendingCalls
 from .routes import pending_routes
 from .server_tools import ServerTool, default_server_tools
+from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -120,13 +121,16 @@ def create_app(
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
-    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too."""
+    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
+
+    A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    """
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,
         ws_max_size=config.max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
