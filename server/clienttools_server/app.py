@@ -30,6 +30,8 @@ from .server_tools import ServerTool, default_server_tools
 
 logger = logging.getLogger(__name__)
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
 
 class StaticDirs(StaticFiles):
     """Several directories served at one mount point; the first that has the file wins."""
@@ -52,6 +54,18 @@ async def chat_endpoint(websocket: WebSocket) -> None:
     await Connection(websocket, websocket.path_params["session"], hub, config).serve()
 
 
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        return MemoryLedger()
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -65,7 +79,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger: Ledger = SqliteLedger(config.db) if config.db is not None else MemoryLedger()
+        ledger = open_ledger(config.db)
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger
