@@ -47,11 +47,13 @@ from clienttools.protocol import (
 
 from .config import ServerConfig
 from .hub import Hub
+from .ledger import LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
 MAX_SESSION_NAME = 256
 
 
@@ -201,6 +203,11 @@ class Connection:
                 idle_deadline = None
             try:
                 self._dispatch(frame)
+            except LedgerUnavailable as exc:
+                # Nothing of the frame was recorded, so nothing is acknowledged: the
+                # peer reconnects (C11) and sends it again, the database back or not.
+                logger.warning("closing %s with 1013: %s", self._id, exc)
+                return CLOSE_TRY_AGAIN_LATER
             except Exception:
                 logger.exception("handling a %s frame failed", frame.type)
                 self.send(

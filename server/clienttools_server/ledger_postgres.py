@@ -19,9 +19,12 @@ connection of its own outside the pool, since a listening connection cannot
 run other statements.
 
 When the database goes away, a call fails clearly rather than waiting: it
-raises :class:`LedgerUnavailable` once no connection could be had within
-``timeout`` seconds (or at once, when the connection breaks under it). The
-pool reconnects by itself; calls after the database is back work again.
+raises :class:`~clienttools_server.ledger.LedgerUnavailable` once no
+connection could be had within ``timeout`` seconds (or at once, when the
+connection breaks under it), and the calls after it give up sooner until one
+gets through. The pool reconnects by itself; calls after the database is
+back work again. (The server closes a socket whose frame met it with 1013,
+so the peer sends it again after reconnecting: docs/scaling.md.)
 
 The schema is created, or migrated, when the ledger opens, under an advisory
 lock so that processes starting together do not race; its version is the row
@@ -56,6 +59,7 @@ from .ledger import (
     Execution,
     ExecutionStatus,
     LedgerClosed,
+    LedgerUnavailable,
     Outcome,
     Resolution,
     Step,
@@ -77,7 +81,11 @@ from .ledger import (
 SCHEMA_VERSION = 1
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable.
-DEFAULT_TIMEOUT = 5.0
+# The wait blocks the caller's event loop (the interface is synchronous), so it is
+# short; once a call has failed, the next ones wait only AWAY_TIMEOUT, until one
+# gets through: a database that is away must not stall every socket for seconds.
+DEFAULT_TIMEOUT = 2.0
+AWAY_TIMEOUT = 0.1
 
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
@@ -145,10 +153,6 @@ _SETTLE_SQL = {
     )
     for field in ("result", "error")
 }
-
-
-class LedgerUnavailable(RuntimeError):
-    """The database could not be reached (or broke off) within the ledger's timeout."""
 
 
 def _escape(text: str) -> str:
@@ -234,6 +238,7 @@ class PostgresLedger:
         max_size: int = 4,
     ) -> None:
         self._timeout = timeout
+        self._away = False  # the last call found the database unreachable
         self._local = threading.local()
         self._closed = False
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
@@ -248,6 +253,10 @@ class PostgresLedger:
                 # A connection the server closed (a restart) is noticed and replaced
                 # before a call uses it, at the cost of one empty round trip.
                 check=psycopg_pool.ConnectionPool.check_connection,
+                # Give up reconnecting in the background soon: then each call that
+                # finds no connection starts a fresh attempt, so the ledger is back
+                # within seconds of the database, not after a backoff grown long.
+                reconnect_timeout=timeout,
                 open=False,
                 name="clienttools-ledger",
             )
@@ -303,19 +312,29 @@ class PostgresLedger:
             with self._unavailable_as_error():
                 yield batch.connection
             return
-        with self._unavailable_as_error(), self._pool.connection() as connection:
+        with self._unavailable_as_error(), self._pooled() as connection:
             yield connection
+
+    def _pooled(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection(timeout=AWAY_TIMEOUT if self._away else self._timeout)
 
     @contextlib.contextmanager
     def _unavailable_as_error(self) -> Iterator[None]:
+        waited = AWAY_TIMEOUT if self._away else self._timeout
         try:
             yield
         except psycopg_pool.PoolTimeout as exc:
+            self._away = True
             raise LedgerUnavailable(
-                f"the PostgreSQL ledger is unreachable: no connection within {self._timeout:g} s"
+                f"the PostgreSQL ledger is unreachable: no connection within {waited:g} s"
             ) from exc
         except psycopg.OperationalError as exc:
+            self._away = True
             raise LedgerUnavailable(f"the PostgreSQL ledger is unreachable: {exc}") from exc
+        except BaseException:
+            self._away = False  # an answer came back, so the database is there
+            raise
+        self._away = False
 
     def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         with self._connection() as connection:
@@ -374,7 +393,7 @@ class PostgresLedger:
             finally:
                 batch.depth -= 1
             return
-        with self._unavailable_as_error(), self._pool.connection() as connection:
+        with self._unavailable_as_error(), self._pooled() as connection:
             batch = _Batch(connection, depth=1)
             self._local.batch = batch
             try:

@@ -310,9 +310,11 @@ class BrowserTools:
         result_json: str | None,
         error_json: str | None,
     ) -> bool:
-        """Record the outcome and wake the run; False when the ledger refused the result."""
-        entry.settled_by = by
-        self._stop_timers(entry)
+        """Record the outcome and wake the run; False when the ledger refused the result.
+
+        Recorded first: if the ledger cannot be reached (it raises), the call stays
+        as it was, unsettled and timed, so the page's resent result still counts.
+        """
         now = self.clock()
         stored = True
         if result_json is not None:
@@ -328,6 +330,8 @@ class BrowserTools:
             outcome = self.ledger.reject(entry.execution_id, entry.seq, error_json, now)
         else:
             outcome = None
+        entry.settled_by = by
+        self._stop_timers(entry)
         if outcome is not None and outcome.ok:
             entry.settled_step = outcome.step
         if not entry.future.done():

@@ -26,6 +26,7 @@ from clienttools_server.ledger import (
     InvalidTransition,
     Ledger,
     LedgerClosed,
+    LedgerUnavailable,
     MemoryLedger,
     SqliteLedger,
     Step,
@@ -34,7 +35,7 @@ from clienttools_server.ledger import (
     canonical_json,
     check_replay,
 )
-from clienttools_server.ledger_postgres import SCHEMA_VERSION, LedgerUnavailable, PostgresLedger
+from clienttools_server.ledger_postgres import SCHEMA_VERSION, PostgresLedger
 from tests.support.postgres import PostgresServer
 
 HOUR = 3600.0
