@@ -58,14 +58,18 @@ async def ask_until_served(
 
 
 def ledger_runs(url: str) -> list[tuple[str, str, str, list[object]]]:
-    """(session, chat id, status, tool results in seq order) of every run in the ledger."""
+    """(session, chat id, status, tool outcomes in seq order) of every run in the ledger.
+
+    A tool's outcome is its result once applied, else its state ("pending", "error").
+    """
     ledger = open_ledger(url)
     try:
         runs: list[tuple[str, str, str, list[object]]] = []
         for execution in ledger.executions():
             chat_id = RunRequest.from_json(execution.request_json).chat_id
             tools = [s for s in ledger.steps(execution.id) if s.kind == "tool"]
-            runs.append((execution.session, chat_id, execution.status, [s.result() for s in tools]))
+            outcomes = [s.result() if s.state == "applied" else s.state for s in tools]
+            runs.append((execution.session, chat_id, execution.status, outcomes))
         return sorted(runs, key=str)
     finally:
         ledger.close()
