@@ -21,7 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from .app import create_app, uvicorn_config
-from .config import ServerConfig
+from .config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 
 
 def _positive(text: str) -> float:
@@ -64,7 +64,16 @@ def parser() -> argparse.ArgumentParser:
         "postgresql://... URL that several server processes can share (default: in memory)",
     )
     p.add_argument(
-        "--token", help="require ?token=TOKEN on every WebSocket URL (default: no token)"
+        "--token",
+        help="require ?token=TOKEN on every WebSocket URL and 'Authorization: Bearer TOKEN' "
+        "on the /executions routes (default: no token)",
+    )
+    p.add_argument(
+        "--admin-token",
+        metavar="TOKEN",
+        help="also accept 'Authorization: Bearer TOKEN' on the /executions routes, so "
+        "operators need not hold the pages' token; never valid on the WebSocket "
+        "(default: none)",
     )
     p.add_argument(
         "--allow-origin",
@@ -112,6 +121,14 @@ def parser() -> argparse.ArgumentParser:
         help="a paused run expires after this long without progress (default: %(default)s)",
     )
     p.add_argument(
+        "--retention",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="delete a finished run from the ledger this long after it finished (default: "
+        f"{MEMORY_RETENTION:g} without --db, {DB_RETENTION:g} (a week) with it)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=_positive,
         default=defaults.idle_timeout,
@@ -136,6 +153,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         static_dirs=tuple(args.static),
         db=args.db,
         token=args.token,
+        admin_token=args.admin_token,
         allow_origins=tuple(args.allow_origin),
         tool_timeout=args.tool_timeout,
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
@@ -143,6 +161,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         model=args.model,
         log_level=args.log_level,
         ttl=args.ttl,
+        retention=args.retention,
         idle_timeout=args.idle_timeout,
     )
 

@@ -78,7 +78,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable.
 # The wait blocks the caller's event loop (the interface is synchronous), so it is
@@ -132,17 +132,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX steps_pending ON steps (resolution, execution_id) WHERE state = 'pending'",
         "CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT NULL",
     ),
+    # 2: the tool spec a client call was made with, for the outputSchema after a restart.
+    ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 _EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
-    "error_json, request_id, attempts, created_at, updated_at"
+    "error_json, request_id, attempts, created_at, updated_at, spec_json"
 )
 _INSERT_STEP = (
     f"INSERT INTO steps ({_STEP_COLUMNS}) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (execution_id, seq) DO NOTHING"
 )
 _TOUCH_EXECUTION = "UPDATE executions SET updated_at = %s WHERE id = %s"
@@ -194,10 +196,10 @@ def _execution_from_row(row: Sequence[Any]) -> Execution:
 
 def _step_from_row(row: Sequence[Any]) -> Step:
     (execution_id, seq, kind, name, input_json, resolution, state, result_json, error_json,
-     request_id, attempts, created_at, updated_at) = row  # fmt: skip
+     request_id, attempts, created_at, updated_at, spec_json) = row  # fmt: skip
     return Step(
         execution_id, seq, kind, _unescape(name), input_json, resolution, state, result_json,
-        error_json, _maybe_unescape(request_id), attempts, created_at, updated_at,
+        error_json, _maybe_unescape(request_id), attempts, created_at, updated_at, spec_json,
     )  # fmt: skip
 
 
@@ -532,6 +534,17 @@ class PostgresLedger:
                 self._settle_pending(tx, execution_id, "expired", now, ttl)
         return expired
 
+    def prune_finished(self, retention: float, now: float) -> int:
+        if retention < 0:
+            raise ValueError(f"retention must not be negative, not {retention}")
+        with self._write() as tx:
+            # The steps go with their execution (ON DELETE CASCADE).
+            deleted = tx.execute(
+                "DELETE FROM executions WHERE status = ANY(%s) AND updated_at < %s",
+                (sorted(FINISHED_STATUSES), now - retention),
+            ).rowcount
+        return int(deleted)
+
     # steps
 
     def record_step(
@@ -552,7 +565,7 @@ class PostgresLedger:
         state, stored_result = _prepare_recorded_result(result_json)
         step = Step(
             execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now,
+            stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
         with self._write() as tx:
             # Checked first, so an unknown execution is UnknownExecution, not a
@@ -562,7 +575,7 @@ class PostgresLedger:
                 _INSERT_STEP,
                 (
                     execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
-                    stored_result, None, _maybe_escape(request_id), 0, now, now,
+                    stored_result, None, _maybe_escape(request_id), 0, now, now, None,
                 ),
             ).rowcount  # fmt: skip
             if inserted:
@@ -582,6 +595,17 @@ class PostgresLedger:
             (_escape(execution_id), seq),
         ).fetchone()
         return None if row is None else _step_from_row(row)
+
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+        """Record the tool spec of a step once (the first stays); the step, None if missing."""
+        canonical = _canonicalize(spec_json)
+        with self._write() as tx:
+            tx.execute(
+                "UPDATE steps SET spec_json = %s "
+                "WHERE execution_id = %s AND seq = %s AND spec_json IS NULL",
+                (canonical, _escape(execution_id), seq),
+            )
+            return self._step_in(tx.connection, execution_id, seq)
 
     def get_step(self, execution_id: str, seq: int) -> Step | None:
         with self._connection() as connection:

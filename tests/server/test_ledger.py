@@ -1,4 +1,9 @@
-"""The ledger (rule S8): every store (SQLite, memory, PostgreSQL) passes the same tests."""
+"""The ledger (rule S8): every store passes the same tests, so they behave the same.
+
+"sqlite" is a ledger file (``--db``); "memory" is SQLite's ``:memory:``, the
+ledger of a server without ``--db``; "postgres" is a PostgreSQL database that
+several server processes share (``--db postgresql://...``).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +32,6 @@ from clienttools_server.ledger import (
     Ledger,
     LedgerClosed,
     LedgerUnavailable,
-    MemoryLedger,
     SqliteLedger,
     Step,
     UnknownExecution,
@@ -56,7 +60,7 @@ def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> LedgerFactory
     if request.param == "postgres":
         url = request.getfixturevalue("postgres").fresh_url()
         return lambda: PostgresLedger(url)
-    return MemoryLedger
+    return lambda: SqliteLedger(":memory:")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -564,6 +568,37 @@ def test_expiry_covers_running_runs_waiting_on_a_step_only(ledger: Ledger) -> No
     assert completed is not None and completed.status == "completed"
 
 
+def test_prune_deletes_finished_executions_past_the_retention_only(ledger: Ledger) -> None:
+    done, done_seq = _tool_step(ledger, "chat-1")
+    ledger.resolve(done, done_seq, '"ok"', now=T0 + 1)
+    ledger.set_status(done, "completed", now=T0 + 2)
+    failed = ledger.start_execution("chat-2", "{}", now=T0)
+    ledger.set_status(failed.id, "error", now=T0 + 2, error="boom")
+    expired, _ = _tool_step(ledger, "chat-3")
+    ledger.set_status(expired, "paused", now=T0)
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 2) == [expired]
+    recent = ledger.start_execution("chat-4", "{}", now=T0 + 50)
+    ledger.set_status(recent.id, "completed", now=T0 + 50)
+    old_paused, _ = _tool_step(ledger, "chat-5")
+    ledger.set_status(old_paused, "paused", now=T0)
+    old_running = ledger.start_execution("chat-6", "{}", now=T0)
+
+    # Strictly older than the retention, like expiry's TTL.
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102) == 0
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102.5) == 3
+    for gone in (done, failed.id, expired):
+        assert ledger.get_execution(gone) is None
+        assert ledger.steps(gone) == []
+    assert ledger.get_step(done, done_seq) is None
+    remaining = {e.id: e.status for e in ledger.executions()}
+    assert remaining == {recent.id: "completed", old_paused: "paused", old_running.id: "running"}
+    assert [s.execution_id for s in ledger.pending_steps()] == [old_paused]
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102.5) == 0  # once only
+    assert ledger.prune_finished(retention=0.0, now=T0 + 51) == 1  # the recent one
+    with pytest.raises(ValueError):
+        ledger.prune_finished(retention=-1.0, now=T0)
+
+
 # --------------------------------------------------------------------------- durability
 
 
@@ -635,8 +670,52 @@ def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path) -> No
     SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
     raw.close()
+
+
+def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with SqliteLedger(path) as ledger:
+        execution_id, seq = _tool_step(ledger)
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+    raw.execute("PRAGMA user_version = 1")
+    raw.close()
+    with SqliteLedger(path) as ledger:
+        step = ledger.get_step(execution_id, seq)
+        assert step is not None and step.spec_json is None and step.state == "pending"
+        recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    raw.close()
+
+
+def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    with PostgresLedger(url) as ledger:
+        execution_id, seq = _tool_step(ledger)
+    with psycopg.connect(url) as raw:
+        raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+        raw.execute("UPDATE ledger_schema SET version = 1")
+    with PostgresLedger(url) as ledger:
+        step = ledger.get_step(execution_id, seq)
+        assert step is not None and step.spec_json is None and step.state == "pending"
+        recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
+    with psycopg.connect(url) as raw:
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(2,)]
+
+
+def test_the_spec_of_a_step_is_recorded_once(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    first = ledger.record_spec(execution_id, seq, '{"name":"t","outputSchema":{"type":"integer"}}')
+    again = ledger.record_spec(execution_id, seq, '{"name":"t"}')
+    assert first is not None and again is not None
+    assert first.spec_json == again.spec_json == '{"name":"t","outputSchema":{"type":"integer"}}'
+    assert ledger.get_step(execution_id, seq) == again
+    assert ledger.record_spec(execution_id, 99, "{}") is None
 
 
 def test_sqlite_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
@@ -789,13 +868,16 @@ settle_call = st.tuples(
 @pytest.mark.parametrize("kind", STORES)
 def test_a_step_is_settled_at_most_once(kind: str, request: pytest.FixtureRequest) -> None:
     # One PostgreSQL schema for every example (each example starts its own execution);
-    # a fresh SQLite or memory ledger per example.
+    # a fresh SQLite ledger per example.
     url = request.getfixturevalue("postgres").fresh_url() if kind == "postgres" else ""
+    files: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
 
     def fresh() -> Ledger:
         if kind == "postgres":
             return PostgresLedger(url)
-        return SqliteLedger(":memory:") if kind == "sqlite" else MemoryLedger()
+        if kind == "sqlite":
+            return SqliteLedger(files.mktemp("settle") / "ledger.sqlite3")
+        return SqliteLedger(":memory:")
 
     @settings(max_examples=60, deadline=None)
     @given(calls=st.lists(settle_call, max_size=8))
