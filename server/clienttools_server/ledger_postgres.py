@@ -142,16 +142,28 @@ _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
     "error_json, request_id, attempts, created_at, updated_at, spec_json"
 )
-_INSERT_STEP = (
-    f"INSERT INTO steps ({_STEP_COLUMNS}) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT (execution_id, seq) DO NOTHING"
+# Each write below is one statement, so one round trip and atomic by itself: the
+# step and the execution's updated_at (a step recorded or settled is progress, so
+# the run is not idle and not expirable yet) change together or not at all.
+# An unknown execution inserts nothing, rather than raising a foreign-key error
+# that would abort a batch's transaction.
+_RECORD_STEP = (
+    f"WITH inserted AS (INSERT INTO steps ({_STEP_COLUMNS}) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    "WHERE EXISTS (SELECT 1 FROM executions WHERE id = %s) "
+    "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
+    "touched AS (UPDATE executions SET updated_at = %s "
+    "WHERE id = %s AND EXISTS (SELECT 1 FROM inserted)) "
+    "SELECT count(*) FROM inserted"
 )
-_TOUCH_EXECUTION = "UPDATE executions SET updated_at = %s WHERE id = %s"
 _SETTLE_SQL = {
     field: (
-        f"UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
-        f"WHERE execution_id = %s AND seq = %s AND state = 'pending' RETURNING {_STEP_COLUMNS}"
+        f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
+        "WHERE execution_id = %s AND seq = %s AND state = 'pending' "
+        f"RETURNING {_STEP_COLUMNS}), "
+        "touched AS (UPDATE executions SET updated_at = %s "
+        "WHERE id IN (SELECT execution_id FROM settled)) "
+        "SELECT * FROM settled"
     )
     for field in ("result", "error")
 }
@@ -204,17 +216,13 @@ def _step_from_row(row: Sequence[Any]) -> Step:
 
 
 class _Transaction:
-    """Statements on one connection inside an open transaction, counting rows changed."""
+    """Statements on one connection inside an open transaction."""
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self.connection = connection
-        self.changes = 0
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> psycopg.Cursor[Any]:
-        cursor = self.connection.execute(sql, params)
-        if not sql.lstrip().upper().startswith("SELECT") and cursor.rowcount > 0:
-            self.changes += cursor.rowcount
-        return cursor
+        return self.connection.execute(sql, params)
 
 
 @dataclasses.dataclass
@@ -222,7 +230,6 @@ class _Batch:
     connection: psycopg.Connection[Any]
     depth: int = 0
     open: bool = False  # a transaction is open on the connection
-    changes: int = 0
 
 
 class PostgresLedger:
@@ -252,9 +259,7 @@ class PostgresLedger:
                 # autocommit: we open transactions ourselves, as SqliteLedger does, so
                 # a batch can keep going after a call that refused before writing.
                 kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout))},
-                # A connection the server closed (a restart) is noticed and replaced
-                # before a call uses it, at the cost of one empty round trip.
-                check=psycopg_pool.ConnectionPool.check_connection,
+                check=_alive,
                 # Give up reconnecting in the background soon: then each call that
                 # finds no connection starts a fresh attempt, so the ledger is back
                 # within seconds of the database, not after a backoff grown long.
@@ -361,30 +366,34 @@ class PostgresLedger:
             if not batch.open:
                 connection.execute("BEGIN")
                 batch.open = True
-            # A savepoint per call: a database error aborts a PostgreSQL transaction,
-            # and a call that wrote nothing must not take the batch's other calls with it.
-            connection.execute("SAVEPOINT ledger_call")
             tx = _Transaction(connection)
             try:
                 yield tx
-            except BaseException:
-                if tx.changes:
-                    # Failed halfway: the whole batch goes, rather than half a call.
-                    _rollback(connection, "ROLLBACK")
-                    batch.open = False
-                else:
-                    _rollback(connection, "ROLLBACK TO SAVEPOINT ledger_call")
+            except psycopg.Error:
+                # A database error aborts a PostgreSQL transaction: the whole batch
+                # goes, rather than half a call. (Refusals are checked before any
+                # statement, so they never come here and leave the batch alone.)
+                _rollback(connection, "ROLLBACK")
+                batch.open = False
                 raise
-            connection.execute("RELEASE SAVEPOINT ledger_call")
+
+    def _write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """One statement that is a whole write by itself: atomic with no BEGIN and COMMIT."""
+        if self._batch is not None:
+            with self._write() as tx:
+                return tx.execute(sql, params).fetchall()
+        with self._connection() as connection:
+            return connection.execute(sql, params).fetchall()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Commit every write made inside the block in one transaction, when the block ends.
 
         As :meth:`SqliteLedger.batch <clienttools_server.ledger.SqliteLedger.batch>`:
-        a call that raises before writing leaves the calls before it to be
-        committed; one that fails after writing part of its change rolls the
-        whole batch back. Keep it synchronous (no ``await``). Nestable.
+        a call that refuses (a divergence, an unknown execution, a value that
+        cannot be stored) leaves the calls before it to be committed; a
+        database error rolls the whole batch back, since it aborts the
+        transaction. Keep it synchronous (no ``await``). Nestable.
         """
         self._check_open()
         batch = self._batch
@@ -431,12 +440,11 @@ class PostgresLedger:
     def start_execution(self, session: str, request_json: str, now: float) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
         execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
-        with self._write() as tx:
-            tx.execute(
-                f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (execution.id, _escape(session), "running", request_json, None, now, now),
-            )
+        self._write_one(
+            f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (execution.id, _escape(session), "running", request_json, None, now, now),
+        )
         return execution
 
     def get_execution(self, execution_id: str) -> Execution | None:
@@ -567,23 +575,20 @@ class PostgresLedger:
             execution_id, seq, kind, name, canonical_input, resolution, state,
             stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
-        with self._write() as tx:
-            # Checked first, so an unknown execution is UnknownExecution, not a
-            # foreign-key error that would abort the transaction.
-            self._execution_in(tx, execution_id)
-            inserted = tx.execute(
-                _INSERT_STEP,
-                (
-                    execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
-                    stored_result, None, _maybe_escape(request_id), 0, now, now, None,
-                ),
-            ).rowcount  # fmt: skip
-            if inserted:
-                # A step recorded is progress: the run is not idle, so not expirable yet.
-                tx.execute(_TOUCH_EXECUTION, (now, execution_id))
-                return step
-            existing = self._step_in(tx.connection, execution_id, seq)
-        assert existing is not None
+        [(inserted,)] = self._write_one(
+            _RECORD_STEP,
+            (
+                execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
+                stored_result, None, _maybe_escape(request_id), 0, now, now, None,
+                execution_id, now, execution_id,
+            ),
+        )  # fmt: skip
+        if inserted:
+            return step
+        # Recorded before (a replay), or no such execution: only now worth a read.
+        existing = self.get_step(execution_id, seq)
+        if existing is None:
+            raise UnknownExecution(f"no execution {execution_id}")
         check_replay(existing, kind, name, canonical_input)
         return existing
 
@@ -599,13 +604,18 @@ class PostgresLedger:
     def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
         canonical = _canonicalize(spec_json)
-        with self._write() as tx:
-            tx.execute(
-                "UPDATE steps SET spec_json = %s "
-                "WHERE execution_id = %s AND seq = %s AND spec_json IS NULL",
-                (canonical, _escape(execution_id), seq),
-            )
-            return self._step_in(tx.connection, execution_id, seq)
+        # The step as it stands after the update: the updated row, or else the one
+        # that already had a spec (the statement's snapshot predates its update).
+        rows = self._write_one(
+            f"WITH updated AS (UPDATE steps SET spec_json = %s "
+            "WHERE execution_id = %s AND seq = %s AND spec_json IS NULL "
+            f"RETURNING {_STEP_COLUMNS}) "
+            "SELECT * FROM updated UNION ALL "
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s "
+            "AND NOT EXISTS (SELECT 1 FROM updated)",
+            (canonical, _escape(execution_id), seq, _escape(execution_id), seq),
+        )
+        return _step_from_row(rows[0]) if rows else None
 
     def get_step(self, execution_id: str, seq: int) -> Step | None:
         with self._connection() as connection:
@@ -659,22 +669,20 @@ class PostgresLedger:
         now: float,
     ) -> Outcome:
         prepared = _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
-        with self._write() as tx:
-            if not isinstance(prepared, Outcome):
-                state = "applied" if field == "result" else "error"
-                # The UPDATE's "AND state = 'pending'" is the one check that counts:
-                # of two processes settling the same step, exactly one gets the row.
-                row = tx.execute(
-                    _SETTLE_SQL[field], (state, prepared, now, _escape(execution_id), seq)
-                ).fetchone()
-                if row is not None:
-                    tx.execute(_TOUCH_EXECUTION, (now, execution_id))
-                    settled = _step_from_row(row)
-                    return Outcome(
-                        True, "applied", f"step {seq} of execution {execution_id} settled", settled
-                    )
-            # Missing, already settled, or a value that cannot be stored: nothing was written.
-            step = self._step_in(tx.connection, execution_id, seq)
+        if not isinstance(prepared, Outcome):
+            state = "applied" if field == "result" else "error"
+            # The UPDATE's "AND state = 'pending'" is the one check that counts:
+            # of two processes settling the same step, exactly one gets the row.
+            rows = self._write_one(
+                _SETTLE_SQL[field], (state, prepared, now, _escape(execution_id), seq, now)
+            )
+            if rows:
+                settled = _step_from_row(rows[0])
+                return Outcome(
+                    True, "applied", f"step {seq} of execution {execution_id} settled", settled
+                )
+        # Missing, already settled, or a value that cannot be stored: nothing was written.
+        step = self.get_step(execution_id, seq)
         refusal = _refusal(step, execution_id, seq)
         if refusal is not None:
             return refusal
@@ -682,15 +690,28 @@ class PostgresLedger:
         return dataclasses.replace(prepared, step=step)
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
-        with self._write() as tx:
-            row = tx.execute(
-                "UPDATE steps SET attempts = attempts + 1, updated_at = %s "
-                "WHERE execution_id = %s AND seq = %s RETURNING attempts",
-                (now, _escape(execution_id), seq),
-            ).fetchone()
-        if row is None:
+        rows = self._write_one(
+            "UPDATE steps SET attempts = attempts + 1, updated_at = %s "
+            "WHERE execution_id = %s AND seq = %s RETURNING attempts",
+            (now, _escape(execution_id), seq),
+        )
+        if not rows:
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
-        return int(row[0])
+        return int(rows[0][0])
+
+
+def _alive(connection: psycopg.Connection[Any]) -> None:
+    """Raise if the server closed this connection (a restart), without a round trip.
+
+    Reads what the server sent while the connection sat in the pool: a server
+    that shut down sent its goodbye and closed the socket, and libpq notices
+    that here. (An empty query would notice more, a network gone silent, but
+    costs a round trip on every call.)
+    """
+    pgconn = connection.pgconn
+    pgconn.consume_input()  # OperationalError once the socket is closed
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection is broken")
 
 
 def _rollback(connection: psycopg.Connection[Any], statement: str) -> None:
