@@ -63,7 +63,16 @@ def parser() -> argparse.ArgumentParser:
         help="SQLite ledger file that makes runs survive a restart (default: in memory)",
     )
     p.add_argument(
-        "--token", help="require ?token=TOKEN on every WebSocket URL (default: no token)"
+        "--token",
+        help="require ?token=TOKEN on every WebSocket URL and 'Authorization: Bearer TOKEN' "
+        "on the /executions routes (default: no token)",
+    )
+    p.add_argument(
+        "--admin-token",
+        metavar="TOKEN",
+        help="also accept 'Authorization: Bearer TOKEN' on the /executions routes, so "
+        "operators need not hold the pages' token; never valid on the WebSocket "
+        "(default: none)",
     )
     p.add_argument(
         "--allow-origin",
@@ -143,6 +152,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         static_dirs=tuple(args.static),
         db=args.db,
         token=args.token,
+        admin_token=args.admin_token,
         allow_origins=tuple(args.allow_origin),
         tool_timeout=args.tool_timeout,
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),

@@ -1,9 +1,11 @@
-"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, static files.
+"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, the pending-call
+routes (``/executions``, see :mod:`clienttools_server.routes`), static files.
 
 config = ServerConfig(port=0)
 app = create_app(config)                       # serve it with uvicorn, or:
 async with running_server(config) as server:   # in-process, on a free port
     url = server.ws_url("chat-1")              # ws://127.0.0.1:PORT/agents/chat/chat-1
+    server.pending.executions(status="paused") # the Python API the HTTP routes call
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.routing import Mount, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -29,6 +31,8 @@ from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
 from .ledger import Ledger, SqliteLedger
 from .models import Model, create_model
+from .pending import PendingCalls
+from .routes import pending_routes
 from .server_tools import ServerTool, default_server_tools
 
 logger = logging.getLogger(__name__)
@@ -100,6 +104,7 @@ def create_app(
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
+        app.state.pending = PendingCalls(hub, ledger)
         hub.start()
         try:
             yield
@@ -107,7 +112,8 @@ def create_app(
             await hub.close()
             ledger.close()
 
-    routes: list[WebSocketRoute | Mount] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes: list[BaseRoute] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes += pending_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)
@@ -153,6 +159,12 @@ class RunningServer:
     def hub(self) -> Hub:
         hub: Hub = self.app.state.hub
         return hub
+
+    @property
+    def pending(self) -> PendingCalls:
+        """List and settle pending calls: what the ``/executions`` routes call."""
+        pending: PendingCalls = self.app.state.pending
+        return pending
 
 
 @contextlib.asynccontextmanager

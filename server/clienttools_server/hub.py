@@ -43,9 +43,9 @@ from clienttools.protocol import (
 )
 
 from .config import ServerConfig
-from .ledger import Ledger, Outcome, Resolution, Step, canonical_json
+from .ledger import Ledger, Outcome, Resolution, Step
 from .models import JsonObject, Model, ToolCall, ToolDescription
-from .proxy import Approvals, BrowserTools, Peer, StartedCall
+from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .runtime import Run, RunRequest
 from .server_tools import ServerTool
 from .stream import ChunkLog
@@ -109,7 +109,9 @@ class Hub:
         self.clock = clock
         self.sessions: dict[str, Session] = {}
         self.runs: dict[str, ActiveRun] = {}
-        self.browser = BrowserTools(ledger, config, self.find_peer, durable=durable, clock=clock)
+        self.browser = BrowserTools(
+            ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
+        )
         self.approvals = Approvals(ledger, clock)
         self._registrations = itertools.count(1)
         self._closing = False
@@ -197,26 +199,37 @@ class Hub:
         """Settle a pending step with an output and wake its run; never raises.
 
         Anything but a pending step (settled, unknown, too large to store,
-        not JSON) comes back as an Outcome with ``ok`` False.
+        not JSON, breaking the outputSchema recorded with the step) comes back
+        as an Outcome with ``ok`` False, and the ledger is unchanged.
+        """
+        return self.settle(execution_id, seq, Settlement(output=output)).as_outcome()
+
+    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
+        """Settle a pending step with an error and wake its run; never raises."""
+        return self.settle(execution_id, seq, Settlement.failure(code, message)).as_outcome()
+
+    def settle(self, execution_id: str, seq: int, settlement: Settlement) -> Applied:
+        """Settle a pending ``client`` or ``approval`` step from outside; never raises.
+
+        What ``resolve``, ``reject`` and the HTTP routes call. The outcome is
+        ``applied`` (the run wakes up and goes on; a page that had the invoke
+        gets a ``superseded`` cancel and its late result ``stale``),
+        ``duplicate`` (settled already the same way), ``stale`` (settled
+        otherwise, or ``reason`` ``not_found``) or ``invalid``. Only
+        ``applied`` changes the ledger.
         """
         refused = self._not_resolvable(execution_id, seq)
         if refused is not None:
             return refused
-        try:
-            result_json = canonical_json(output)
-        except ValueError as exc:
-            return Outcome(False, "invalid", f"the output is not JSON: {exc}")
-        return self._settled(self.ledger.resolve(execution_id, seq, result_json, self.clock()))
+        step = self.ledger.get_step(execution_id, seq)
+        if step is None:
+            return Applied("stale", "not_found", f"no step {seq} in execution {execution_id}")
+        applied = self.browser.apply(step, settlement, by_page=False)
+        if applied.ok and step.resolution == "approval":
+            self.approvals.wake(execution_id, seq)
+        return applied
 
-    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
-        """Settle a pending step with an error and wake its run; never raises."""
-        refused = self._not_resolvable(execution_id, seq)
-        if refused is not None:
-            return refused
-        error_json = canonical_json({"code": code, "message": message})
-        return self._settled(self.ledger.reject(execution_id, seq, error_json, self.clock()))
-
-    def _not_resolvable(self, execution_id: str, seq: int) -> Outcome | None:
+    def _not_resolvable(self, execution_id: str, seq: int) -> Applied | None:
         # S8 resolves `client` and `approval` entries. A pending `server` step is
         # a model answer or a server tool this process is producing right now:
         # settling it from outside would race the run that owns it.
@@ -230,20 +243,12 @@ class Hub:
             kind = "model"
         else:
             return None
-        return Outcome(
-            False, "invalid",
+        return Applied(
+            "invalid", "invalid",
             f"step {seq} of execution {execution_id} is a {kind} step the server "
             "settles itself; only client and approval steps can be resolved",
             step,
         )  # fmt: skip
-
-    def _settled(self, outcome: Outcome) -> Outcome:
-        if outcome.ok and outcome.step is not None:
-            step = outcome.step
-            woke = self.browser.wake(step.execution_id, step.seq)
-            if not woke:
-                self.approvals.wake(step.execution_id, step.seq)
-        return outcome
 
     # -- connections ------------------------------------------------------------------
 
@@ -305,6 +310,13 @@ class Hub:
         while len(self.known_tools) > MAX_REMEMBERED_SESSIONS:
             self.known_tools.popitem(last=False)
 
+    def tool_spec(self, session: str, name: str) -> ToolSpec | None:
+        """S2: the spec of the session's newest live page that offers the tool, else the
+        remembered one."""
+        peer = self.find_peer(session, name)
+        spec = peer.tool_spec(name) if peer is not None else None
+        return spec if spec is not None else self.remembered_tool(session, name)
+
     def remembered_tool(self, session: str, name: str) -> ToolSpec | None:
         """The spec of a tool some page of the session registered, live or not."""
         known = self.known_tools.get(session)
@@ -320,6 +332,10 @@ class Hub:
         size = json_size(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
         if size > MAX_TOOL_SPEC_BYTES:
             return f"the tool spec is {size:,} bytes; at most {MAX_TOOL_SPEC_BYTES:,} are allowed"
+        if spec.output_schema is not None:
+            problem = self.browser.schemas.problem(spec.output_schema)
+            if problem is not None:
+                return f"the outputSchema is not a valid JSON Schema (Draft 2020-12): {problem}"
         return None
 
     # -- chat -------------------------------------------------------------------------

@@ -637,8 +637,36 @@ def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path) -> No
     SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
     raw.close()
+
+
+def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with SqliteLedger(path) as ledger:
+        execution_id, seq = _tool_step(ledger)
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+    raw.execute("PRAGMA user_version = 1")
+    raw.close()
+    with SqliteLedger(path) as ledger:
+        step = ledger.get_step(execution_id, seq)
+        assert step is not None and step.spec_json is None and step.state == "pending"
+        recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    raw.close()
+
+
+def test_the_spec_of_a_step_is_recorded_once(ledger: Ledger) -> None:
+    execution_id, seq = _tool_step(ledger)
+    first = ledger.record_spec(execution_id, seq, '{"name":"t","outputSchema":{"type":"integer"}}')
+    again = ledger.record_spec(execution_id, seq, '{"name":"t"}')
+    assert first is not None and again is not None
+    assert first.spec_json == again.spec_json == '{"name":"t","outputSchema":{"type":"integer"}}'
+    assert ledger.get_step(execution_id, seq) == again
+    assert ledger.record_spec(execution_id, 99, "{}") is None
 
 
 def test_sqlite_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:

@@ -161,8 +161,9 @@ async def test_resolve_and_reject_never_raise(
         assert {c["reason"] for c in cancels} == {"superseded"}
         response = await tab.response(request_id)
         assert response.text == 't -> {"by":"api"}\nt failed: tool_error: refused by an operator'
+        # The page's own result comes after the call was settled from outside: stale.
         await tab.send_result(invokes[0]["requestId"], output=1)
-        assert (await tab.ack_for(invokes[0]["requestId"]))["outcome"] == "duplicate"
+        assert (await tab.ack_for(invokes[0]["requestId"]))["outcome"] == "stale"
         await tab.close()
         await settled(hub)
 

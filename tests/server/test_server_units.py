@@ -28,7 +28,7 @@ from clienttools_server.models import (
     parse_call_line,
     words,
 )
-from clienttools_server.schema import schema_errors
+from clienttools_server.schema import OutputSchemas
 
 
 @given(st.text())
@@ -80,11 +80,29 @@ async def test_scripted_model_answers_one_line_per_call() -> None:
         ({"type": "string", "maxLength": 2}, "abc", False),
         ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, 3, True),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 3, False),
-        ({"$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, "3", False),
+        ({"const": True}, 1, False),
+        # A reference to nothing cannot be checked: the result is refused, not let through.
+        ({"$ref": "#/$defs/x"}, 3, False),
     ],
 )
 def test_schema_checker(schema: dict[str, Any], value: Any, ok: bool) -> None:
-    assert (schema_errors(schema, value) == []) is ok
+    assert (OutputSchemas().errors(schema, value) == []) is ok
+
+
+def test_schema_checker_compiles_each_schema_once_and_refuses_bad_schemas() -> None:
+    schemas = OutputSchemas(limit=2)
+    first = schemas.validator({"type": "integer"})
+    assert schemas.validator({"type": "integer"}) is first
+    schemas.validator({"type": "string"})
+    schemas.validator({"type": "boolean"})  # over the limit: the least recently used goes
+    assert schemas.validator({"type": "integer"}) is not first
+    assert schemas.problem({"type": "integer"}) is None
+    assert schemas.problem({"type": "no-such-type"}) == (
+        "'no-such-type' is not valid under any of the given schemas (at $.type)"
+    )
+    assert schemas.problem({"minimum": "zero"}) == "'zero' is not of type 'number' (at $.minimum)"
 
 
 def test_cli_options_become_a_config() -> None:
