@@ -40,6 +40,17 @@ cannot inspect a signature). An `async def` tool runs as a task and can be
 cancelled; a sync tool runs inline. A generator function counts as async
 (MicroPython cannot tell the two apart), so tools must not be generators.
 
+What MicroPython 1.27 (PyScript build) lacks, found by running it, and what this
+code does instead: no `typing`, `__future__`, `dataclasses`, `enum`, `uuid`
+(plain classes, tuples, `crypto.randomUUID()`); no docstrings or annotations kept
+(declared schemas and descriptions); `[*a, b]` and `{**d}` do not parse
+(concatenation); `re` has no `{m,n}` (rules.is_tool_name); plain dicts keep no
+order and OrderedDict scans linearly (`_Recent`); no builtin `TimeoutError`; bool
+is not an int; `json.dumps` writes NaN as `nan` and has no `allow_nan`
+(context.json_problem); asyncio tasks have no done callbacks (each run reports its
+own end) and `asyncio.wait_for` fails under the page's top-level await (a
+`setTimeout` instead).
+
 `Session` is the sans-I/O core (frames and the time in; frames and events out)
 and runs on CPython too (tests/unit/test_mpy_session.py); `ToolClient` is the
 adapter on `js.WebSocket`, `setTimeout` and `sessionStorage`.
