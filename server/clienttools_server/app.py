@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .agents import default_agent, load_agent
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
@@ -40,8 +40,11 @@ from .pending import PendingCalls
 from .routes import pending_routes
 from .scripted import SCRIPTED
 from .server_tools import ServerTool, default_server_tools
+from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class StaticDirs:
@@ -88,7 +91,21 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Connection(websocket, websocket.path_params["session"], hub, config).serve()
+    session = websocket.path_params["session"]
+    await Connection(websocket, session, hub, config, hub.clock).serve()
+
+
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        return SqliteLedger(":memory:")
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
 
 
 def serving(
@@ -128,7 +145,7 @@ def create_app(
     agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
     """The ASGI app for ``config``, serving ``agent`` (a user's pydantic-ai Agent) if given.
 
@@ -140,8 +157,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
-        ledger: Ledger = SqliteLedger(config.db if config.db is not None else ":memory:")
+        ledger = open_ledger(config.db)
         hub = Hub(
             config, ledger, chosen_agent, chosen_model, tools,
             durable=config.db is not None, clock=clock,
@@ -174,13 +190,16 @@ def create_app(
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
-    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too."""
+    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
+
+    A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    """
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,
         ws_max_size=config.max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -228,7 +247,7 @@ async def running_server(
     agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
     app = create_app(config, agent=agent, model=model, server_tools=server_tools, clock=clock)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,14 +35,18 @@ from clienttools.protocol import (
     NoActiveFrame,
     ProtocolErrorFrame,
     RejectedTool,
+    ResultAckFrame,
     ResumeFrame,
     SendFrame,
     ToolApprovalFrame,
+    ToolProgressFrame,
+    ToolResultFrame,
     ToolsAckFrame,
     ToolSpec,
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
 from .ledger import Ledger, Outcome, Step
@@ -96,7 +99,7 @@ class Hub:
         server_tools: Mapping[str, ServerTool],
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -117,7 +120,7 @@ class Hub:
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
         self.remembered = RememberedTools()
-        self.finished = FinishedResponses(config.resume_grace)
+        self.finished = FinishedResponses(config.resume_grace, clock.now)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -130,7 +133,7 @@ class Hub:
                 request = RunRequest.from_json(execution.request_json)
             except (ValueError, KeyError, TypeError):
                 self.ledger.set_status(
-                    execution.id, "error", self.clock(), "its request could not be read"
+                    execution.id, "error", self.clock.now(), "its request could not be read"
                 )
                 continue
             logger.info("resuming run %s of session %s", execution.id, execution.session)
@@ -150,7 +153,7 @@ class Hub:
         self._expiry_task = None
 
     def expire_now(self) -> list[str]:
-        expired = self.ledger.expire_paused(self.config.ttl, self.clock())
+        expired = self.ledger.expire_paused(self.config.ttl, self.clock.now())
         if expired:
             logger.info("expired runs: %s", ", ".join(expired))
             self.browser.wake_expired(expired)
@@ -160,7 +163,7 @@ class Hub:
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self.finished.prune()
-        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock())
+        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
         return pruned
@@ -171,7 +174,7 @@ class Hub:
         config = self.config
         period = min(config.expiry_interval, config.ttl / 2, config.finished_retention / 2)
         while True:
-            await asyncio.sleep(max(period, 0.001))
+            await sleep(self.clock, period)
             try:
                 self.expire_now()
                 self.prune_now()
@@ -348,7 +351,9 @@ class Hub:
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
-            execution = self.ledger.start_execution(client.session, request.to_json(), self.clock())
+            execution = self.ledger.start_execution(
+                client.session, request.to_json(), self.clock.now()
+            )
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -374,7 +379,7 @@ class Hub:
             execution_id, request, self.ledger, self.agent, self.model,
             SessionTools(session_name, self.session_specs, self.browser, self.approvals),
             self.server_toolset, log.append,
-            clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
+            clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
             client_tools=self.config.client_tools,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
@@ -421,6 +426,12 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+
+    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
+        return self.browser.on_result(client, frame)
+
+    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
+        self.browser.on_progress(client, frame)
 
     def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
         problem = self.approvals.on_approval(client, frame)

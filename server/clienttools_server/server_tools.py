@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
+from .clock import SYSTEM_CLOCK, Clock
 from .journal import JsonObject, ToolFailure
 
 # Arguments go to the tool as the model sent them; the tool checks them itself.
@@ -66,13 +66,13 @@ class ServerToolset(AbstractToolset[Any]):
         return await self.tools[name].run(tool_args)
 
 
-def default_server_tools(clock: Callable[[], float] = time.time) -> dict[str, ServerTool]:
+def default_server_tools(clock: Clock = SYSTEM_CLOCK) -> dict[str, ServerTool]:
     """The server tools of the reference server: ``server_time``."""
 
     async def server_time(tool_input: JsonObject) -> JsonValue:
         if tool_input:
             raise ToolFailure("invalid_input", "server_time takes no arguments")
-        now = clock()
+        now = clock.now()
         iso = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
         return {"unix": now, "iso": iso}
 

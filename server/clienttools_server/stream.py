@@ -16,7 +16,6 @@ the same numbering and can skip what it already has.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,10 +100,13 @@ class FinishedResponses:
     still gets the chunks it missed and the end.
     """
 
-    def __init__(self, grace: float, limit: int = MAX_FINISHED_RESPONSES) -> None:
+    def __init__(
+        self, grace: float, now: Callable[[], float], limit: int = MAX_FINISHED_RESPONSES
+    ) -> None:
         self.grace = grace
+        self.now = now
         self.limit = limit
-        # (session, chat id) -> the log and when it ended (time.monotonic())
+        # (session, chat id) -> the log and when it ended (``now()``)
         self._kept: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -113,7 +115,7 @@ class FinishedResponses:
     def keep(self, session: str, log: ChunkLog) -> None:
         key = (session, log.chat_id)
         self._kept.pop(key, None)
-        self._kept[key] = (log, time.monotonic())
+        self._kept[key] = (log, self.now())
         self.prune()
 
     def get(self, session: str, chat_id: str) -> ChunkLog | None:
@@ -122,7 +124,7 @@ class FinishedResponses:
         return kept[0] if kept is not None else None
 
     def prune(self) -> None:
-        cutoff = time.monotonic() - self.grace
+        cutoff = self.now() - self.grace
         while self._kept:
             key, (_, ended) = next(iter(self._kept.items()))
             if ended >= cutoff and len(self._kept) <= self.limit:
