@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from clienttools_server.runs import RunRequest
 
 from clienttools_server.app import open_ledger
+from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, Page, prompt_for
 from tests.server.server_harness import Response
 from tests.support.faultproxy import FaultProxy
