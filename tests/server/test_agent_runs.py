@@ -14,8 +14,10 @@ from pydantic_ai import Agent
 from pydantic_ai.models.test import TestModel
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
+from clienttools_server.__main__ import config_from_args
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
+from clienttools_server.scripted import scripted_model
 from tests.support.wait import wait_until
 
 
@@ -197,3 +199,28 @@ async def test_structured_output_is_the_answer_and_no_tool_step(
             ("tool", "server_time"),
             ("model", "test"),
         ]
+
+
+def test_loop_flags_reach_the_config() -> None:
+    config = config_from_args(
+        ["--client-tools", "round-trip", "--first-chunk-delay", "0.5", "--chunk-delay", "0.1",
+         "--agent", "examples.agent:agent", "--model", "test"]
+    )  # fmt: skip
+    assert (config.client_tools, config.first_chunk_delay, config.chunk_delay) == (
+        "round-trip", 0.5, 0.1,
+    )  # fmt: skip
+    assert (config.agent, config.model) == ("examples.agent:agent", "test")
+    assert config_from_args([]).client_tools == "rpc"
+    with pytest.raises(SystemExit):
+        config_from_args(["--chunk-delay", "-1"])
+
+
+async def test_the_scripted_model_waits_its_delays() -> None:
+    clock = asyncio.get_running_loop().time
+    agent: Agent[None, Any] = Agent(scripted_model(first_chunk_delay=0.2, chunk_delay=0.05))
+    started = clock()
+    async with agent.run_stream("hello") as result:
+        deltas = [d async for d in result.stream_text(delta=True)]
+    # "I have no tools to call right now.": 8 words, so at least 0.2 + 7 x 0.05 s.
+    assert len("".join(deltas).split()) == 8
+    assert clock() - started >= 0.2 + 7 * 0.05
