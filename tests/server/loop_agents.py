@@ -67,3 +67,20 @@ async def _one_slow_call(
 
 parallel = Agent(FunctionModel(stream_function=_two_at_once, model_name="two-at-once"))
 slow = Agent(FunctionModel(stream_function=_one_slow_call, model_name="one-slow-call"))
+
+
+async def _title_and_note(
+    messages: list[ModelMessage], info: AgentInfo
+) -> AsyncIterator[str | DeltaToolCalls]:
+    """Call the example page's ``page_title`` and ``add_note`` in parallel, then answer."""
+    got = _returns(messages)
+    if {"page_title", "add_note"} <= got.keys():
+        yield f"The page is {got['page_title']}; "
+        yield f"note {got['add_note']} added."
+        return
+    yield {0: DeltaToolCall("page_title", "{}", tool_call_id=f"call-{secrets.token_hex(4)}")}
+    note = json.dumps({"text": "milk"})
+    yield {1: DeltaToolCall("add_note", note, tool_call_id=f"call-{secrets.token_hex(4)}")}
+
+
+notes = Agent(FunctionModel(stream_function=_title_and_note, model_name="title-and-note"))
