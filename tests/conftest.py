@@ -47,6 +47,7 @@ def static_server(web_build: Path) -> Iterator[StaticServer]:
             "/": PAGES,
             "/pyodide/": web_build / "pyodide",
             "/pyscript/": web_build / "pyscript",
+            "/micropython/": web_build / "micropython",
         }
     ).start()
     yield server

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
@@ -26,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
@@ -34,6 +34,7 @@ from .models import Model, create_model
 from .pending import PendingCalls
 from .routes import pending_routes
 from .server_tools import ServerTool, default_server_tools
+from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Connection(websocket, websocket.path_params["session"], hub, config).serve()
+    session = websocket.path_params["session"]
+    await Connection(websocket, session, hub, config, hub.clock).serve()
 
 
 def open_ledger(db: str | None) -> Ledger:
@@ -105,9 +107,9 @@ def create_app(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
-    """The app for ``config``; ``model`` and ``server_tools`` replace the defaults (tests)."""
+    """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
     chosen_model = model if model is not None else create_model(config.model)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
@@ -134,13 +136,16 @@ def create_app(
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
-    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too."""
+    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
+
+    A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    """
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,
         ws_max_size=config.max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -187,7 +192,7 @@ async def running_server(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
     app = create_app(config, model=model, server_tools=server_tools, clock=clock)
