@@ -822,6 +822,11 @@ def test_calls_fail_clearly_while_the_database_is_away(postgres: PostgresServer)
         assert ledger.resolve(execution_id, seq, "1", now=T0 + 2).ok
 
 
+def test_a_postgres_ledger_with_no_database_fails_to_open_clearly(tmp_path: Path) -> None:
+    with pytest.raises(LedgerUnavailable, match="could not connect"):
+        PostgresLedger(f"postgresql://nobody@/none?host={tmp_path}", timeout=0.5)
+
+
 def wait_for(read: Callable[[], Step | None], timeout: float = 30.0) -> Step:
     """What ``read`` returns once the ledger answers again (each try waits the ledger's timeout)."""
     deadline = time.monotonic() + timeout
