@@ -24,7 +24,7 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report
+from bench import report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 from bench.servermemory import measure as measure_server_memory
@@ -51,6 +51,8 @@ class Settings:
     # many the resident memory is the reference for the growth.
     memory_chats: int = 20_000
     memory_chats_warmup: int = 5_000
+    #: Pending steps resolved at once over HTTP (bench/resolves.py), once per suite.
+    resolves_n: int = 1000
 
 
 QUICK = Settings(
@@ -63,6 +65,7 @@ QUICK = Settings(
     fleet_invokes=5,
     memory_chats=300,
     memory_chats_warmup=100,
+    resolves_n=50,
 )
 
 
@@ -168,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
-        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+        "--only",
+        choices=("browser", "server", "resolves"),
+        help="run only the browser figures, the server figures, or the HTTP resolves",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only != "server":
+    if args.only not in ("server", "resolves"):
         dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
         for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
             dirs[f"/{name}/"] = WEB.parent / name
@@ -193,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only != "browser":
+    if args.only not in ("browser", "server"):
+        _progress(f"{settings.resolves_n} concurrent HTTP resolves")
+        resolved = resolves.measure(settings.resolves_n)
+        if not resolved["exactly_once"]:
+            raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
+    else:
+        resolved = None
+    if args.only not in ("browser", "resolves"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
@@ -209,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
     }
     results["runs"] = runs
+    if resolved is not None:
+        results["resolves"] = resolved
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
+    if resolved is not None:
+        markdown += "\n" + resolves.markdown(resolved)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0

@@ -9,9 +9,17 @@ first valid result, a timeout, an abort, a disconnect (policy ``fail``) or
 expiry. Every result frame gets an ack: ``applied``, ``duplicate``, ``stale``
 or ``invalid``. Nothing here raises on bad peer input.
 
+A call's lifecycle in this process is the table ``CALL_TRANSITIONS``
+(``CallState`` x ``CallEvent``); ``LATE_RESULT`` says what a result that
+comes after the call was settled gets. Every result, whatever its source (the
+page the invoke went to, a page re-sending to a restarted server, a resolve
+from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
+which checks it against the outputSchema recorded with the ledger step.
+
     tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
     await tools.call("chat-1", step, call)     # returns once the step is settled
     peer.send(tools.on_result(peer, frame))    # the ack for a result frame
+    tools.apply(step, Settlement(output=3), by_page=False).outcome   # "applied"
 """
 
 from __future__ import annotations
@@ -600,7 +608,7 @@ class BrowserTools:
     ) -> tuple[str, str] | None:
         try:
             size = json_size(output)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             return "invalid_output", f"the output is not JSON: {exc}"
         if size > self.config.max_result_bytes:
             return (

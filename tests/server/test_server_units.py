@@ -28,6 +28,13 @@ from clienttools_server.models import (
     parse_call_line,
     words,
 )
+from clienttools_server.proxy import (
+    CALL_TRANSITIONS,
+    LATE_RESULT,
+    CallEvent,
+    CallState,
+    next_call_state,
+)
 from clienttools_server.schema import OutputSchemas
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
@@ -220,3 +227,24 @@ async def test_wrong_path_is_not_a_chat(server: Any) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any refusal of the handshake will do
         async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
             pass
+
+
+def test_the_pending_call_table_settles_once_and_answers_every_late_result() -> None:
+    settled = {state for state, moves in CALL_TRANSITIONS.items() if not moves}
+    assert settled == set(LATE_RESULT) == {
+        CallState.APPLIED, CallState.SUPERSEDED, CallState.CLOSED,
+    }  # fmt: skip
+    for state, moves in CALL_TRANSITIONS.items():
+        if state in settled:
+            continue
+        # Every unsettled state can be settled in each of the three ways, and only there.
+        assert {moves[e] for e in (CallEvent.RESULT, CallEvent.OUTSIDE, CallEvent.SERVER)} == (
+            settled
+        )
+        assert moves[CallEvent.DELIVER] is CallState.DELIVERED
+    assert CALL_TRANSITIONS[CallState.ORPHANED][CallEvent.NO_PAGE] is CallState.ORPHANED
+    assert CALL_TRANSITIONS[CallState.DELIVERED][CallEvent.NO_PAGE] is CallState.WAITING
+    with pytest.raises(RuntimeError, match="'applied' cannot take event 'result'"):
+        next_call_state(CallState.APPLIED, CallEvent.RESULT)
+    assert LATE_RESULT[CallState.APPLIED] == "duplicate"
+    assert LATE_RESULT[CallState.SUPERSEDED] == LATE_RESULT[CallState.CLOSED] == "stale"
