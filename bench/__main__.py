@@ -24,9 +24,10 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report
+from bench import report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
+from bench.servermemory import measure as measure_server_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
@@ -46,6 +47,12 @@ class Settings:
     memory_warmup: int = 1000
     fleet_clients: int = 100
     fleet_invokes: int = 100
+    # Figure 6 (first run only): chats against one server without --db, and after how
+    # many the resident memory is the reference for the growth.
+    memory_chats: int = 20_000
+    memory_chats_warmup: int = 5_000
+    #: Pending steps resolved at once over HTTP (bench/resolves.py), once per suite.
+    resolves_n: int = 1000
 
 
 QUICK = Settings(
@@ -56,6 +63,9 @@ QUICK = Settings(
     memory_warmup=50,
     fleet_clients=5,
     fleet_invokes=5,
+    memory_chats=300,
+    memory_chats_warmup=100,
+    resolves_n=50,
 )
 
 
@@ -137,11 +147,18 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
 
 
 def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
-    """Figure 5 for one run: ledger on and ledger off, in alternating order."""
+    """Figure 5 for one run: ledger on and ledger off, in alternating order; figure 6 once."""
     out: dict[str, dict[str, Any]] = {}
     for name in _rotate(("ledger_on", "ledger_off"), run):
         out[name] = measure_server(
             name == "ledger_on", settings.fleet_clients, settings.fleet_invokes
+        )
+    if run == 0:
+        # Figure 6 is about growth over one long stretch, not a ratio: once is enough.
+        out["server_memory"] = measure_server_memory(
+            settings.memory_chats,
+            warmup=settings.memory_chats_warmup,
+            sample_every=max(settings.memory_chats // 20, 1),
         )
     return out
 
@@ -154,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
-        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+        "--only",
+        choices=("browser", "server", "resolves"),
+        help="run only the browser figures, the server figures, or the HTTP resolves",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -167,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only != "server":
+    if args.only not in ("server", "resolves"):
         dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
         for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
             dirs[f"/{name}/"] = WEB.parent / name
@@ -179,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only != "browser":
+    if args.only not in ("browser", "server"):
+        _progress(f"{settings.resolves_n} concurrent HTTP resolves")
+        resolved = resolves.measure(settings.resolves_n)
+        if not resolved["exactly_once"]:
+            raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
+    else:
+        resolved = None
+    if args.only not in ("browser", "resolves"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
@@ -195,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
     }
     results["runs"] = runs
+    if resolved is not None:
+        results["resolves"] = resolved
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
+    if resolved is not None:
+        markdown += "\n" + resolves.markdown(resolved)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0

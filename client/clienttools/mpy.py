@@ -40,6 +40,17 @@ cannot inspect a signature). An `async def` tool runs as a task and can be
 cancelled; a sync tool runs inline. A generator function counts as async
 (MicroPython cannot tell the two apart), so tools must not be generators.
 
+What MicroPython 1.27 (PyScript build) lacks, found by running it, and what this
+code does instead: no `typing`, `__future__`, `dataclasses`, `enum`, `uuid`
+(plain classes, tuples, `crypto.randomUUID()`); no docstrings or annotations kept
+(declared schemas and descriptions); `[*a, b]` and `{**d}` do not parse
+(concatenation); `re` has no `{m,n}` (rules.is_tool_name); plain dicts keep no
+order and OrderedDict scans linearly (`_Recent`); no builtin `TimeoutError`; bool
+is not an int; `json.dumps` writes NaN as `nan` and has no `allow_nan`
+(context.json_problem); asyncio tasks have no done callbacks (each run reports its
+own end) and `asyncio.wait_for` fails under the page's top-level await (a
+`setTimeout` instead).
+
 `Session` is the sans-I/O core (frames and the time in; frames and events out)
 and runs on CPython too (tests/unit/test_mpy_session.py); `ToolClient` is the
 adapter on `js.WebSocket`, `setTimeout` and `sessionStorage`.
@@ -50,7 +61,7 @@ import json
 from collections import OrderedDict
 
 from clienttools.context import ToolContext, ToolError, json_problem
-from clienttools.input_schema import input_errors
+from clienttools.input_schema import compile_schema
 from clienttools.rules import (
     ACK_OUTCOMES,
     CANCEL_REASONS,
@@ -159,6 +170,9 @@ class Tool:
         if problem is not None:
             raise TypeError(f"the schemas of tool {name!r} must be JSON: {problem}")
         self.function = function
+        # Compiled once: an invoke runs the checker, it does not walk the schema.
+        self.check_input = compile_schema(schema)
+        self.check_output = None if output_schema is None else compile_schema(output_schema)
         self.name = name
         self.description = description
         self.schema = schema
@@ -274,6 +288,69 @@ class _Call:
         return self.state
 
 
+class _Recent:
+    """requestId -> result text, oldest first, with O(1) lookups on MicroPython too.
+
+    MicroPython's plain dicts keep no order, and its OrderedDict is a linear array
+    (a lookup scans it): with C7's 1,000 remembered results that made every invoke
+    cost milliseconds. So: a dict for lookups and a list of (seq, key) for the order;
+    an entry moved to the end is appended again, and stale list entries are skipped
+    and compacted away.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[int, str]] = {}
+        self._order: list[tuple[int, str]] = []
+        self._head = 0
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def get(self, key: str) -> "str | None":
+        entry = self._items.get(key)
+        return None if entry is None else entry[1]
+
+    def put(self, key: str, value: str) -> None:
+        """Insert, or replace and move to the end."""
+        self._seq += 1
+        self._items[key] = (self._seq, value)
+        self._order.append((self._seq, key))
+        self._compact()
+
+    def pop(self, key: str) -> "str | None":
+        entry = self._items.pop(key, None)
+        if entry is None:
+            return None
+        self._compact()
+        return entry[1]
+
+    def pop_oldest(self) -> str:
+        while True:
+            seq, key = self._order[self._head]
+            self._head += 1
+            entry = self._items.get(key)
+            if entry is not None and entry[0] == seq:
+                del self._items[key]
+                return key
+
+    def items(self) -> "list[tuple[str, str]]":
+        live = []
+        for seq, key in self._order[self._head :]:
+            entry = self._items.get(key)
+            if entry is not None and entry[0] == seq:
+                live.append((key, entry[1]))
+        return live
+
+    def _compact(self) -> None:
+        if len(self._order) - self._head > 2 * len(self._items) + 64:
+            self._order = [(self._items[key][0], key) for key, _ in self.items()]
+            self._head = 0
+
+
 class Session:
     """C1-C13 for one page, as session.Session does them, over plain dicts.
 
@@ -307,10 +384,8 @@ class Session:
         self._last_received = 0.0
         self._replace_requested = False
         self._calls: dict[str, _Call] = {}
-        # MicroPython's plain dicts keep no order, and its OrderedDict has no move_to_end:
-        # "move to the end" is delete and insert again; the oldest is next(iter(...)).
-        self._results: OrderedDict[str, str] = OrderedDict()
-        self._outbox: OrderedDict[str, str] = OrderedDict()
+        self._results = _Recent()  # C7's memory of completed requests
+        self._outbox = _Recent()  # results until cf_agent_client_tool_result_ack (C11)
         self._to_send: list[str] = []
         self._events: list[tuple[Any, ...]] = []
 
@@ -325,6 +400,10 @@ class Session:
         return events
 
     def next_deadline(self) -> "float | None":
+        if not self._calls:  # the common case between invokes: only the liveness limit
+            if self.connected and not self._replace_requested:
+                return self._last_received + LIVENESS_FACTOR * self.ping_interval
+            return None
         deadlines = [c.deadline for c in self._calls.values() if c.deadline is not None]
         if self.connected and not self._replace_requested:
             deadlines.append(self._last_received + LIVENESS_FACTOR * self.ping_interval)
@@ -332,7 +411,7 @@ class Session:
 
     def outbox(self) -> "dict[str, str]":
         """Unacknowledged results: requestId -> result frame text (a copy, oldest first)."""
-        return OrderedDict(self._outbox)
+        return OrderedDict(self._outbox.items())
 
     def call_state(self, request_id: str) -> "CallState | None":
         call = self._calls.get(request_id)
@@ -346,7 +425,7 @@ class Session:
         self._replace_requested = False
         self._last_received = now
         self._to_send = [self._tools_frame()]
-        self._to_send.extend(self._outbox.values())
+        self._to_send.extend(text for _, text in self._outbox.items())
 
     def connection_lost(self, now: float) -> None:
         self.connected = False
@@ -425,8 +504,7 @@ class Session:
         if stored is not None:
             # C7: answered before; the same result again, without running the tool.
             if request_id in self._results:
-                del self._results[request_id]
-                self._results[request_id] = stored
+                self._results.put(request_id, stored)
             self._put_in_outbox(request_id, stored)
             return
         if request_id in self._calls:
@@ -438,7 +516,7 @@ class Session:
             result = _error_result(request_id, "unknown_tool", unknown_tool_message(tool_name))
             self._finish(call, CallEvent.REJECT, result)
             return
-        errors = input_errors(tool.schema, arguments)
+        errors = tool.check_input(arguments)
         if errors:
             for error in errors:
                 if error.get("type") == "missing":
@@ -472,7 +550,7 @@ class Session:
         if outcome in ("stale", "invalid"):
             detail = f": {message[:500]}" if message else ""
             _log("warn", f"server refused the result of {request_id!r} ({outcome}){detail}")
-        if self._outbox.pop(request_id, None) is not None:
+        if self._outbox.pop(request_id) is not None:
             self.outbox_revision += 1
 
     def _receive_ping(self, raw: "dict[str, Any]", now: float) -> None:
@@ -546,8 +624,8 @@ class Session:
         name = call.tool_name
         tool = self.tools.get(name)
         problem = json_problem(value)
-        if problem is None and tool is not None and tool.output_schema is not None:
-            errors = input_errors(tool.output_schema, value)
+        if problem is None and tool is not None and tool.check_output is not None:
+            errors = tool.check_output(value)
             if errors:
                 where = "; ".join(_where(e) for e in errors[:3])
                 problem = f"a value that does not match its output schema: {where}"
@@ -650,18 +728,15 @@ class Session:
         self._store_result(call.request_id, result)
 
     def _store_result(self, request_id: str, result: str) -> None:
-        self._results.pop(request_id, None)
-        self._results[request_id] = result
+        self._results.put(request_id, result)
         while len(self._results) > self.completed_cache_size:
-            del self._results[next(iter(self._results))]
+            self._results.pop_oldest()
         self._put_in_outbox(request_id, result)
 
     def _put_in_outbox(self, request_id: str, result: str) -> None:
-        self._outbox.pop(request_id, None)
-        self._outbox[request_id] = result
+        self._outbox.put(request_id, result)
         while len(self._outbox) > self.completed_cache_size:
-            dropped = next(iter(self._outbox))
-            del self._outbox[dropped]
+            dropped = self._outbox.pop_oldest()
             _log("warn", f"outbox full: dropped the unacknowledged result of {dropped!r}")
         self.outbox_revision += 1
         if self.connected:
@@ -697,7 +772,7 @@ class Session:
                 _log("warn", f"stored result ignored: {exc}")
                 continue
             if request_id not in self._results:
-                self._results[request_id] = frame_text
+                self._results.put(request_id, frame_text)
                 self._put_in_outbox(request_id, frame_text)
                 restored += 1
         return restored
@@ -1266,12 +1341,12 @@ class ToolClient:
             if restored:
                 _log("info", f"restored {restored} unacknowledged results")
         self._saved_revision = self.session.outbox_revision
-        self._saved_empty = not self.session.outbox()
+        self._saved_empty = len(self.session._outbox) == 0
 
     def _save_outbox_soon(self) -> None:
         if self.session.outbox_revision == self._saved_revision:
             return
-        if (not self.session._outbox) != self._saved_empty:
+        if (len(self.session._outbox) == 0) != self._saved_empty:
             self._save_outbox()  # the first result waiting, or the last one acked: at once
         elif not self._save_scheduled:
             self._save_scheduled = True
@@ -1290,7 +1365,7 @@ class ToolClient:
         if revision == self._saved_revision:
             return
         self._saved_revision = revision
-        self._saved_empty = not self.session._outbox
+        self._saved_empty = len(self.session._outbox) == 0
         try:
             self._storage.setItem(self._storage_key, self.session.export_outbox())
         except Exception as exc:  # e.g. the storage quota: results still go out while connected

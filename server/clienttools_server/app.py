@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
@@ -26,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
@@ -37,6 +37,8 @@ from .server_tools import ServerTool, default_server_tools
 from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class StaticDirs:
@@ -83,7 +85,21 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Connection(websocket, websocket.path_params["session"], hub, config).serve()
+    session = websocket.path_params["session"]
+    await Connection(websocket, session, hub, config, hub.clock).serve()
+
+
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        return SqliteLedger(":memory:")
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
 
 
 def create_app(
@@ -91,16 +107,15 @@ def create_app(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
-    """The app for ``config``; ``model`` and ``server_tools`` replace the defaults (tests)."""
+    """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
     chosen_model = model if model is not None else create_model(config.model)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
-        ledger: Ledger = SqliteLedger(config.db if config.db is not None else ":memory:")
+        ledger = open_ledger(config.db)
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger
@@ -177,7 +192,7 @@ async def running_server(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
     app = create_app(config, model=model, server_tools=server_tools, clock=clock)

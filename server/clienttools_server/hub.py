@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,14 +33,18 @@ from clienttools.protocol import (
     NoActiveFrame,
     ProtocolErrorFrame,
     RejectedTool,
+    ResultAckFrame,
     ResumeFrame,
     SendFrame,
     ToolApprovalFrame,
+    ToolProgressFrame,
+    ToolResultFrame,
     ToolsAckFrame,
     ToolSpec,
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .ledger import Ledger, Outcome, Resolution, Step
 from .models import JsonObject, Model, ToolCall, ToolDescription
@@ -100,7 +103,7 @@ class Hub:
         server_tools: Mapping[str, ServerTool],
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -118,7 +121,7 @@ class Hub:
         self._expiry_task: asyncio.Task[None] | None = None
         # session -> tool name -> the spec a page of the session registered last (S2)
         self.known_tools: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
-        # (session, chat id) -> a response that ended, and when (time.monotonic()):
+        # (session, chat id) -> a response that ended, and when (clock.now()):
         # a page that was following it and lost its socket just before the end
         # still gets the chunks it missed and the end (see resume()).
         self.finished: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
@@ -134,7 +137,7 @@ class Hub:
                 request = RunRequest.from_json(execution.request_json)
             except (ValueError, KeyError, TypeError):
                 self.ledger.set_status(
-                    execution.id, "error", self.clock(), "its request could not be read"
+                    execution.id, "error", self.clock.now(), "its request could not be read"
                 )
                 continue
             logger.info("resuming run %s of session %s", execution.id, execution.session)
@@ -154,7 +157,7 @@ class Hub:
         self._expiry_task = None
 
     def expire_now(self) -> list[str]:
-        expired = self.ledger.expire_paused(self.config.ttl, self.clock())
+        expired = self.ledger.expire_paused(self.config.ttl, self.clock.now())
         if expired:
             logger.info("expired runs: %s", ", ".join(expired))
             self.browser.wake_expired(expired)
@@ -164,7 +167,7 @@ class Hub:
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self._prune_finished()
-        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock())
+        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
         return pruned
@@ -175,7 +178,7 @@ class Hub:
         config = self.config
         period = min(config.expiry_interval, config.ttl / 2, config.finished_retention / 2)
         while True:
-            await asyncio.sleep(max(period, 0.001))
+            await sleep(self.clock, period)
             try:
                 self.expire_now()
                 self.prune_now()
@@ -352,7 +355,9 @@ class Hub:
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
-            execution = self.ledger.start_execution(client.session, request.to_json(), self.clock())
+            execution = self.ledger.start_execution(
+                client.session, request.to_json(), self.clock.now()
+            )
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -376,7 +381,7 @@ class Hub:
         session.logs[request.chat_id] = log
         run = Run(
             execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
-            log.append, clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
+            log.append, clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
@@ -400,11 +405,11 @@ class Hub:
     def _keep_finished(self, session_name: str, log: ChunkLog) -> None:
         key = (session_name, log.chat_id)
         self.finished.pop(key, None)
-        self.finished[key] = (log, time.monotonic())
+        self.finished[key] = (log, self.clock.now())
         self._prune_finished()
 
     def _prune_finished(self) -> None:
-        cutoff = time.monotonic() - self.config.resume_grace
+        cutoff = self.clock.now() - self.config.resume_grace
         while self.finished:
             key, (_, ended) = next(iter(self.finished.items()))
             if ended >= cutoff and len(self.finished) <= MAX_FINISHED_RESPONSES:
@@ -438,6 +443,12 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+
+    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
+        return self.browser.on_result(client, frame)
+
+    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
+        self.browser.on_progress(client, frame)
 
     def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
         problem = self.approvals.on_approval(client, frame)

@@ -9,9 +9,17 @@ first valid result, a timeout, an abort, a disconnect (policy ``fail``) or
 expiry. Every result frame gets an ack: ``applied``, ``duplicate``, ``stale``
 or ``invalid``. Nothing here raises on bad peer input.
 
+A call's lifecycle in this process is the table ``CALL_TRANSITIONS``
+(``CallState`` x ``CallEvent``); ``LATE_RESULT`` says what a result that
+comes after the call was settled gets. Every result, whatever its source (the
+page the invoke went to, a page re-sending to a restarted server, a resolve
+from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
+which checks it against the outputSchema recorded with the ledger step.
+
     tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
     await tools.call("chat-1", step, call)     # returns once the step is settled
     peer.send(tools.on_result(peer, frame))    # the ack for a result frame
+    tools.apply(step, Settlement(output=3), by_page=False).outcome   # "applied"
 """
 
 from __future__ import annotations
@@ -19,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +48,7 @@ from clienttools.protocol import (
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
 from .ledger import Ledger, Outcome, OutcomeReason, Step, canonical_json
 from .models import ToolCall
@@ -165,8 +173,8 @@ class PendingCall:
     attempt: int = 0
     idle_timeout: float = 0.0
     last_progress: float | None = None
-    idle_timer: asyncio.TimerHandle | None = None
-    hard_timer: asyncio.TimerHandle | None = None
+    idle_timer: Timer | None = None
+    hard_timer: Timer | None = None
     # The step as this proxy's resolve or reject left it, so the run need not read it back.
     settled_step: Step | None = None
     # Someone waits for it (BrowserTools._wait ran).
@@ -286,7 +294,7 @@ class BrowserTools:
         find_peer: FindPeer,
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         find_spec: FindSpec = _no_spec,
         schemas: OutputSchemas | None = None,
     ) -> None:
@@ -407,7 +415,7 @@ class BrowserTools:
         self.ledger.reject(
             entry.execution_id, entry.seq,
             _error_json("cancelled", "the response was aborted before this call finished"),
-            self.clock(),
+            self.clock.now(),
         )  # fmt: skip
 
     def _send_cancel(self, entry: PendingCall, reason: CancelReason) -> None:
@@ -432,7 +440,7 @@ class BrowserTools:
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
         entry.move(CallEvent.DELIVER)
         entry.last_progress = None
-        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock())
+        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock.now())
         peer.send(
             InvokeFrame(
                 request_id=entry.request_id,
@@ -445,10 +453,11 @@ class BrowserTools:
                 attempt=entry.attempt,
             )
         )
-        loop = asyncio.get_running_loop()
         self._stop_timers(entry)
-        entry.idle_timer = loop.call_later(entry.idle_timeout, self._time_out, entry)
-        entry.hard_timer = loop.call_later(self.config.max_tool_timeout, self._time_out, entry)
+        entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
+        entry.hard_timer = self.clock.call_later(
+            self.config.max_tool_timeout, self._time_out, entry
+        )
 
     @staticmethod
     def _stop_timers(entry: PendingCall) -> None:
@@ -477,7 +486,9 @@ class BrowserTools:
         entry.move(CallEvent.SERVER)
         self._stop_timers(entry)
         if error_json is not None:
-            outcome = self.ledger.reject(entry.execution_id, entry.seq, error_json, self.clock())
+            outcome = self.ledger.reject(
+                entry.execution_id, entry.seq, error_json, self.clock.now()
+            )
             if outcome.ok:
                 entry.settled_step = outcome.step
         if not entry.future.done():
@@ -528,7 +539,7 @@ class BrowserTools:
         entry = self._entry_of(step)
         if step.state != "pending":
             return self._late(step, settlement, by_page=by_page, entry=entry)
-        now = self.clock()
+        now = self.clock.now()
         if settlement.error is None:
             problem = self._check_output(settlement.output, step, entry)
             if problem is not None:
@@ -565,7 +576,7 @@ class BrowserTools:
         return Applied("applied", "applied", outcome.message, outcome.step)
 
     def _refused_by_page(self, step: Step, entry: PendingCall | None, error_json: str) -> None:
-        outcome = self.ledger.reject(step.execution_id, step.seq, error_json, self.clock())
+        outcome = self.ledger.reject(step.execution_id, step.seq, error_json, self.clock.now())
         if outcome.ok and entry is not None:
             self._settled(entry, outcome.step, CallEvent.RESULT)
 
@@ -597,7 +608,7 @@ class BrowserTools:
     ) -> tuple[str, str] | None:
         try:
             size = json_size(output)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             return "invalid_output", f"the output is not JSON: {exc}"
         if size > self.config.max_result_bytes:
             return (
@@ -693,9 +704,7 @@ class BrowserTools:
         entry.last_progress = frame.progress
         if entry.idle_timer is not None:
             entry.idle_timer.cancel()
-            entry.idle_timer = asyncio.get_running_loop().call_later(
-                entry.idle_timeout, self._time_out, entry
-            )
+            entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
 
     def on_disconnect(self, peer: Peer) -> None:
         """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls."""
@@ -744,7 +753,7 @@ class Approvals:
     """Pending approvals of needsApproval tools, keyed by (session, toolCallId)."""
 
     ledger: Ledger
-    clock: Callable[[], float] = time.time
+    clock: Clock = SYSTEM_CLOCK
     waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
 
     async def wait(self, session: str, step: Step, call: ToolCall) -> None:
@@ -768,12 +777,12 @@ class Approvals:
         if frame.reason is not None:
             verdict["reason"] = frame.reason
         outcome = self.ledger.resolve(
-            wait.execution_id, wait.seq, canonical_json(verdict), self.clock()
+            wait.execution_id, wait.seq, canonical_json(verdict), self.clock.now()
         )
         if not outcome.ok:
             self.ledger.reject(
                 wait.execution_id, wait.seq, _error_json("invalid_output", outcome.message),
-                self.clock(),
+                self.clock.now(),
             )  # fmt: skip
         wait.future.set_result(None)
         return None

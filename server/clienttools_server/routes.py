@@ -127,10 +127,17 @@ async def get_execution(request: Request) -> Response:
 
 async def _read_json(request: Request, limit: int) -> Any:
     body = bytearray()
+    seen = 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ValueError(f"the body is larger than {limit:,} bytes")
+        seen += len(chunk)
+        if seen <= limit:
+            body += chunk
+        elif seen > 4 * limit:
+            break  # stop reading: the connection is then reset, not drained forever
+    if seen > limit:
+        # Read to the end (up to 4 x the limit) so the client gets this answer
+        # instead of a reset connection.
+        raise ValueError(f"the body is larger than {limit:,} bytes")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:

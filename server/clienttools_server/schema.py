@@ -14,7 +14,7 @@ schema comes from the ledger) and a resolve from outside.
     >>> schemas.errors({"type": "object", "required": ["x"]}, {"y": 1})
     ["$: 'x' is a required property"]
     >>> schemas.problem({"type": 3})
-    "3 is not valid under any of the given schemas (at $.type)"
+    '3 is not valid under any of the given schemas (at $.type)'
 """
 
 from __future__ import annotations

@@ -271,3 +271,27 @@ def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver) -> None:
     live = observed["proxiesCreated"] - observed["proxiesDestroyed"]
     assert observed["proxiesCreated"] > 20 * 3
     assert 0 < live <= 4, observed  # only the live socket's handlers remain
+
+
+def test_reload_resends_unacknowledged_results_without_running_again(
+    page: Page, driver: ToolDriver
+) -> None:
+    # Last in the module: it reloads the page. The outbox is in sessionStorage (C11).
+    driver.held_acks.add(SESSION)
+    try:
+        request_id = driver.start_invoke(SESSION, "add", {"a": 6, "b": 7})
+        assert driver.result(SESSION, request_id)["output"] == 13
+        peers_before = len(driver.peers)
+        page.reload()
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        driver.wait_registered(SESSION, after=peers_before, timeout=5)
+        assert driver.result(SESSION, request_id, nth=2)["output"] == 13
+        # Delivered again after the reload: the stored result, the tool does not run.
+        driver.start_invoke(SESSION, "add", {"a": 6, "b": 7}, request_id=request_id, attempt=2)
+        assert driver.result(SESSION, request_id, nth=3)["output"] == 13
+        assert runs(page, "add") == 0
+    finally:
+        driver.held_acks.discard(SESSION)

@@ -231,6 +231,10 @@ async def test_http_resolves_are_checked(tmp_path: Path, chunk_collector: ChunkC
         cancels = [await page.expect("cf_agent_client_tool_cancel") for _ in invokes]
         assert {c["reason"] for c in cancels} == {"superseded"}
         assert {c["requestId"] for c in cancels} == {i["requestId"] for i in invokes}
+        # The page's own result comes too late: the call was settled over HTTP.
+        late = invokes[1]
+        await page.send_result(late["requestId"], output=_output(late["toolName"], "good"))
+        assert (await page.ack_for(late["requestId"]))["outcome"] == "stale"
         await page.close()
         await settled(server.hub)
 

@@ -27,6 +27,9 @@ import pytest
 from pydantic import BaseModel
 
 from clienttools import ToolClient
+from clienttools_server.app import running_server
+from clienttools_server.config import ServerConfig
+from clienttools_server.pending import InvalidQuery
 from tests.support.http import Reply, http_json
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
@@ -375,3 +378,69 @@ async def test_the_curl_walkthrough_in_the_docs_runs(tmp_path: Path) -> None:
         assert text == 'get_location -> {"lat":52.52,"lon":13.4}'
     finally:
         await asyncio.to_thread(process.stop)
+
+
+async def test_the_listing_is_newest_first_and_pages_with_before(tmp_path: Path) -> None:
+    config = ServerConfig(port=0, log_level="warning", db=str(tmp_path / "l.sqlite3"))
+    async with running_server(config) as running:
+        ledger, pending = running.app.state.ledger, running.pending
+        ids = [ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=t).id
+               for t in (10.0, 20.0, 30.0, 40.0, 50.0)]  # fmt: skip
+        ledger.set_status(ids[1], "completed", now=60.0)
+        first = pending.executions(limit=2)
+        assert [e["executionId"] for e in first] == [ids[4], ids[3]]
+        assert first[0]["createdAt"] == "1970-01-01T00:00:50.000Z"
+        second = pending.executions(limit=2, before=first[-1]["executionId"])
+        assert [e["executionId"] for e in second] == [ids[2], ids[1]]
+        rest = pending.executions(limit=2, before=second[-1]["executionId"])
+        assert [e["executionId"] for e in rest] == [ids[0]]
+        assert [e["executionId"] for e in pending.executions(status="completed")] == [ids[1]]
+        # No run waits for anything here: unfinished executions are listed as running.
+        assert {e["status"] for e in pending.executions(status="running")} == {"running"}
+        assert pending.executions(status="paused") == []
+        assert pending.executions(session="other") == []
+        with pytest.raises(InvalidQuery):
+            pending.executions(before="nope")
+        with pytest.raises(InvalidQuery):
+            pending.executions(limit=0)
+        reply = await http_json(running.host, running.port, "GET", "/executions?limit=x")
+        assert (reply.status, set(reply.json)) == (422, {"message"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "raw"),
+    [
+        ("GET", "/executions?limit=99999999999999999999999", None),
+        ("GET", "/executions?before=%00%ff&status=", None),
+        ("GET", "/executions/%00", None),
+        ("POST", "/executions/E/steps/1/resolve", b"[" * 100_000),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": NaN}'),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": 1, "extra": 2}'),
+        ("POST", "/executions/E/steps/1/resolve", b"\xff\xfe"),
+        ("POST", "/executions/E/steps/1/resolve", b'{"output": "' + b"x" * 2_000_000 + b'"}'),
+        ("POST", "/executions/E/steps/1/approve", b'{"approved": 1}'),
+        ("POST", "/executions/E/steps/1/reject", b'{"message": "m", "code": ""}'),
+        ("POST", "/executions/E/steps/1/reject", b'{"message": "' + b"m" * 1_100_000 + b'"}'),
+        ("POST", "/executions/E/steps/99999999999999999999/resolve", b'{"output": 1}'),
+        ("POST", "/executions/E/steps/-1/resolve", b'{"output": 1}'),
+        ("POST", "/executions/E/steps/1/explode", b'{"output": 1}'),
+        ("POST", "/executions/nope/steps/1/resolve", b'{"output": 1}'),
+    ],
+)
+async def test_no_request_gets_a_500(
+    tmp_path: Path, method: str, path: str, raw: bytes | None
+) -> None:
+    config = ServerConfig(port=0, log_level="warning", db=str(tmp_path / "l.sqlite3"))
+    async with running_server(config) as running:
+        ledger = running.app.state.ledger
+        execution = ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=1.0)
+        ledger.record_step(execution.id, 0, "model", "m", "{}", "server", 1.0, result_json="{}")
+        ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", 1.0, "r" * 32)
+        before = ledger.steps(execution.id)
+        reply = await http_json(
+            running.host, running.port, method, path.replace("/E/", f"/{execution.id}/"),
+            raw=raw if raw is not None else None,
+        )  # fmt: skip
+        assert reply.status in (404, 422), (reply.status, reply.body[:200])
+        assert "message" in reply.json
+        assert ledger.steps(execution.id) == before
