@@ -138,9 +138,26 @@ async def _http_get(port: int, path: str) -> str:
 async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     server = await start_server(ping_interval=0.05)
     tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await tab.register([])
     ping = await tab.expect("cf_agent_ping")
     await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
     await tab.close()
+
+
+async def test_no_pings_to_a_chat_only_client(start_server: Any, chunk_collector: Any) -> None:
+    """The AI SDK's stock transport drops its socket on a frame without a requestId."""
+    server = await start_server(ping_interval=0.05)
+    chat_only = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
+    response = await chat_only.chat("hello")
+    assert response.final["type"] == "end"
+    for _ in range(3):  # three ping intervals for the page
+        await page.expect("cf_agent_ping")
+        page.inbox.clear()
+    await chat_only.nothing("cf_agent_ping", wait=0.0)
+    await chat_only.close()
+    await page.close()
 
 
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:
