@@ -3,6 +3,7 @@
     python -m bench                 # the full suite: 5 runs of every figure
     python -m bench --quick         # the smoke version: tiny N, 1 run, every figure
     python -m bench --runs 7 --out /tmp/bench --only browser
+    python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -24,7 +25,7 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report
+from bench import peer, report
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 
@@ -152,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
-        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+        "--only",
+        choices=("browser", "server", "peer"),
+        help="run only the browser, server or peer figures",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only != "server":
+    if args.only in (None, "browser"):
         static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}, cache_seconds=3600).start()
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
@@ -174,12 +177,19 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only != "browser":
+    if args.only in (None, "server"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
 
+    peer_result = None
+    if args.only in (None, "peer"):
+        _progress("peer benchmark: RPC against the round trip")
+        peer_result = peer.measure(peer.QUICK if args.quick else peer.PeerSettings())
+
     results = report.summarize(runs)
+    if peer_result is not None:
+        results["peer"] = peer_result
     results["meta"] = {
         "settings": asdict(settings),
         "quick": args.quick,
@@ -193,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
+    if peer_result is not None:
+        markdown += "\n" + peer.markdown(peer_result)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0
