@@ -21,7 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from .app import create_app, uvicorn_config
-from .config import CLIENT_TOOLS_MODES, ServerConfig
+from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
 
 
 def _positive(text: str) -> float:
@@ -141,6 +141,14 @@ def parser() -> argparse.ArgumentParser:
         help="a paused run expires after this long without progress (default: %(default)s)",
     )
     p.add_argument(
+        "--retention",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="delete a finished run from the ledger this long after it finished (default: "
+        f"{MEMORY_RETENTION:g} without --db, {DB_RETENTION:g} (a week) with it)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=_positive,
         default=defaults.idle_timeout,
@@ -175,6 +183,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         chunk_delay=args.chunk_delay,
         log_level=args.log_level,
         ttl=args.ttl,
+        retention=args.retention,
         idle_timeout=args.idle_timeout,
     )
 

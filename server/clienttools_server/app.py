@@ -17,28 +17,57 @@ from dataclasses import dataclass
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.routing import Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
-from .ledger import Ledger, MemoryLedger, SqliteLedger
+from .ledger import Ledger, SqliteLedger
 from .models import Model, create_model
 from .server_tools import ServerTool, default_server_tools
 
 logger = logging.getLogger(__name__)
 
 
-class StaticDirs(StaticFiles):
-    """Several directories served at one mount point; the first that has the file wins."""
+class StaticDirs:
+    """Several directories served at one mount point; the first that has the file wins.
+
+    One ``StaticFiles`` per directory, asked in order through its public
+    ``get_path`` / ``get_response``: a 404 from one (an exception, or its own
+    ``404.html``) passes the request to the next; the first 404 page found is
+    the answer when none has the file.
+    """
 
     def __init__(self, directories: tuple[str, ...]) -> None:
-        super().__init__(directory=directories[0], html=True)
-        for directory in directories[1:]:
-            StaticFiles(directory=directory)  # raises early for a missing directory
-        self.all_directories = list(directories)
+        if not directories:
+            raise ValueError("StaticDirs needs at least one directory")
+        # StaticFiles raises at once for a missing directory.
+        self._files = [StaticFiles(directory=d, html=True) for d in directories]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._files[0](scope, receive, send)  # refuses a WebSocket as StaticFiles does
+            return
+        not_found: Response | None = None
+        for files in self._files:
+            try:
+                response = await files.get_response(files.get_path(scope), scope)
+            except HTTPException as exc:
+                if exc.status_code != 404:
+                    raise
+                continue
+            if response.status_code != 404:
+                await response(scope, receive, send)
+                return
+            not_found = not_found or response
+        if not_found is None:
+            raise HTTPException(status_code=404)
+        await not_found(scope, receive, send)
 
 
 async def chat_endpoint(websocket: WebSocket) -> None:
@@ -69,7 +98,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger: Ledger = SqliteLedger(config.db) if config.db is not None else MemoryLedger()
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        ledger: Ledger = SqliteLedger(config.db if config.db is not None else ":memory:")
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger

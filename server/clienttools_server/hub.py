@@ -126,6 +126,7 @@ class Hub:
     def start(self) -> None:
         """Expire what outlived its TTL, resume unfinished runs (S8), start the expiry clock."""
         self.expire_now()
+        self.prune_now()
         for execution in self.ledger.executions(("running", "paused")):
             try:
                 request = RunRequest.from_json(execution.request_json)
@@ -158,14 +159,24 @@ class Hub:
             self.approvals.wake_expired(expired)
         return expired
 
+    def prune_now(self) -> int:
+        """Forget finished executions past the retention, and finished responses past grace."""
+        self._prune_finished()
+        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock())
+        if pruned:
+            logger.debug("pruned %d finished executions", pruned)
+        return pruned
+
     async def _expire_periodically(self) -> None:
-        # A TTL shorter than the check interval would otherwise be overrun by up
-        # to a whole interval (a 1 s TTL checked once a minute).
-        period = min(self.config.expiry_interval, self.config.ttl / 2)
+        # A TTL (or retention) shorter than the check interval would otherwise be
+        # overrun by up to a whole interval (a 1 s TTL checked once a minute).
+        config = self.config
+        period = min(config.expiry_interval, config.ttl / 2, config.finished_retention / 2)
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(max(period, 0.001))
             try:
                 self.expire_now()
+                self.prune_now()
             except Exception:
                 logger.exception("expiring runs failed")
 

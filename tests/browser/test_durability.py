@@ -1,4 +1,4 @@
-"""Issue 5 end to end: a real server PROCESS on a SQLite ledger, the real SDK in Chromium.
+"""Durable runs end to end: a real server PROCESS on a SQLite ledger, the real SDK in Chromium.
 
 The tests share one server (restarted in place, same port and ledger) and, to
 keep page loads few, one page until it is closed on purpose; they run in file
@@ -245,7 +245,7 @@ def chat_peer(server: DurableServer) -> Iterator[ChatPeer]:
         yield ChatPeer(ws)
 
 
-# -- issue 4: one response --------------------------------------------------------------------
+# -- one response ----------------------------------------------------------------------------
 
 baseline: dict[str, Any] = {}
 
@@ -274,7 +274,7 @@ def test_tool_call_and_follow_up_text_arrive_in_one_response(page: Page) -> None
     baseline["runs"] = set(st["runs"])
 
 
-# -- issue 5 ------------------------------------------------------------------------------------
+# -- durability ------------------------------------------------------------------------------
 
 
 def test_sigkill_while_the_tool_runs(page: Page, server: DurableServer) -> None:

@@ -1,4 +1,8 @@
-"""The ledger (rule S8): SqliteLedger and MemoryLedger pass the same tests, so behave the same."""
+"""The ledger (rule S8): every store passes the same tests, so they behave the same.
+
+"sqlite" is a ledger file (``--db``); "memory" is SQLite's ``:memory:``, the
+ledger of a server without ``--db``.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ from clienttools_server.ledger import (
     InvalidTransition,
     Ledger,
     LedgerClosed,
-    MemoryLedger,
     SqliteLedger,
     UnknownExecution,
     UnknownStep,
@@ -39,7 +42,7 @@ LedgerFactory = Callable[[], Ledger]
 def _factories(tmp_path: Path) -> dict[str, LedgerFactory]:
     return {
         "sqlite": lambda: SqliteLedger(tmp_path / "ledger.sqlite3"),
-        "memory": MemoryLedger,
+        "memory": lambda: SqliteLedger(":memory:"),
     }
 
 
@@ -536,6 +539,37 @@ def test_expiry_covers_running_runs_waiting_on_a_step_only(ledger: Ledger) -> No
     assert completed is not None and completed.status == "completed"
 
 
+def test_prune_deletes_finished_executions_past_the_retention_only(ledger: Ledger) -> None:
+    done, done_seq = _tool_step(ledger, "chat-1")
+    ledger.resolve(done, done_seq, '"ok"', now=T0 + 1)
+    ledger.set_status(done, "completed", now=T0 + 2)
+    failed = ledger.start_execution("chat-2", "{}", now=T0)
+    ledger.set_status(failed.id, "error", now=T0 + 2, error="boom")
+    expired, _ = _tool_step(ledger, "chat-3")
+    ledger.set_status(expired, "paused", now=T0)
+    assert ledger.expire_paused(ttl=1.0, now=T0 + 2) == [expired]
+    recent = ledger.start_execution("chat-4", "{}", now=T0 + 50)
+    ledger.set_status(recent.id, "completed", now=T0 + 50)
+    old_paused, _ = _tool_step(ledger, "chat-5")
+    ledger.set_status(old_paused, "paused", now=T0)
+    old_running = ledger.start_execution("chat-6", "{}", now=T0)
+
+    # Strictly older than the retention, like expiry's TTL.
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102) == 0
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102.5) == 3
+    for gone in (done, failed.id, expired):
+        assert ledger.get_execution(gone) is None
+        assert ledger.steps(gone) == []
+    assert ledger.get_step(done, done_seq) is None
+    remaining = {e.id: e.status for e in ledger.executions()}
+    assert remaining == {recent.id: "completed", old_paused: "paused", old_running.id: "running"}
+    assert [s.execution_id for s in ledger.pending_steps()] == [old_paused]
+    assert ledger.prune_finished(retention=100.0, now=T0 + 102.5) == 0  # once only
+    assert ledger.prune_finished(retention=0.0, now=T0 + 51) == 1  # the recent one
+    with pytest.raises(ValueError):
+        ledger.prune_finished(retention=-1.0, now=T0)
+
+
 # --------------------------------------------------------------------------- durability
 
 
@@ -648,8 +682,10 @@ settle_call = st.tuples(
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])
 @settings(max_examples=60, deadline=None)
 @given(calls=st.lists(settle_call, max_size=8))
-def test_a_step_is_settled_at_most_once(kind: str, calls: list[tuple[str, str]]) -> None:
-    opened: Ledger = SqliteLedger(":memory:") if kind == "sqlite" else MemoryLedger()
+def test_a_step_is_settled_at_most_once(
+    kind: str, calls: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    opened = _factories(tmp_path_factory.mktemp("settle"))[kind]()
     try:
         execution_id, seq = _tool_step(opened)
         applied: list[tuple[str, str]] = []

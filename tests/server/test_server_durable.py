@@ -206,3 +206,33 @@ async def test_oversize_result_refused_by_the_ledger_is_readable(
         assert text.startswith("big failed: output_too_large: result is 1,000,012 bytes as JSON")
         await tab.close()
         await settled(server.hub)
+
+
+async def test_finished_executions_are_pruned_after_the_retention(
+    chunk_collector: ChunkCollector,
+) -> None:
+    # No db: the in-memory ledger must not grow with every chat a server ever had.
+    config = ServerConfig(
+        port=0, log_level="warning", retention=0.2, expiry_interval=0.05, resume_grace=0.1
+    )
+    async with running_server(config) as server:
+        ledger = server.app.state.ledger
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")])
+        done = await tab.start_chat("hello", chat_id="chat-1")
+        await tab.response(done)
+        request_id = await tab.start_chat("call t {}", chat_id="chat-2")
+        invoke = await tab.expect("cf_agent_client_tool_invoke")  # chat-2 waits on the page
+        [finished] = ledger.executions(["completed"])
+        assert server.hub.finished  # kept for a late resume, for resume_grace
+        await wait_until(lambda: not ledger.executions(["completed"]), 5, "the prune")
+        assert ledger.get_execution(finished.id) is None
+        assert ledger.steps(finished.id) == []
+        await wait_until(lambda: not server.hub.finished, 5, "the finished responses to go")
+        # The waiting run is not finished: it stays, however old.
+        [waiting] = ledger.executions()
+        assert waiting.status == "running" and len(ledger.pending_steps()) == 1
+        await tab.send_result(invoke["requestId"], output=1)
+        await tab.response(request_id)
+        await tab.close()
+        await settled(server.hub)

@@ -15,7 +15,8 @@ from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
 from clienttools_server.__main__ import config_from_args, parser
-from clienttools_server.config import ServerConfig
+from clienttools_server.app import StaticDirs
+from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from clienttools_server.models import (
     AssistantMessage,
     ScriptedModel,
@@ -92,14 +93,24 @@ def test_cli_options_become_a_config() -> None:
             "--port", "0", "--static", "a", "--static", "b", "--db", "x.db", "--token", "t",
             "--allow-origin", "https://a.example", "--tool-timeout", "5",
             "--max-tool-timeout", "9", "--disconnect-policy", "fail", "--ttl", "60",
-            "--idle-timeout", "7", "--log-level", "debug",
+            "--idle-timeout", "7", "--log-level", "debug", "--retention", "30",
         ]
     )  # fmt: skip
     assert config == ServerConfig(
         port=0, static_dirs=("a", "b"), db="x.db", token="t",
         allow_origins=("https://a.example",), tool_timeout=5.0, max_tool_timeout=9.0,
         disconnect_policy="fail", ttl=60.0, idle_timeout=7.0, log_level="debug",
+        retention=30.0,
     )  # fmt: skip
+    assert config.finished_retention == 30.0
+
+
+def test_retention_defaults_short_in_memory_and_long_on_a_db() -> None:
+    assert config_from_args([]).finished_retention == MEMORY_RETENTION == 60.0
+    assert config_from_args(["--db", "x.db"]).finished_retention == DB_RETENTION
+    assert DB_RETENTION == 7 * 86_400.0
+    with pytest.raises(ValueError):
+        ServerConfig(retention=-1.0)
 
 
 def test_cli_help_explains_every_option() -> None:
@@ -122,17 +133,41 @@ async def test_static_dirs_first_match_wins(tmp_path: Path, start_server: Any) -
     (second / "index.html").write_text("shadowed")
     (second / "app.js").write_text("built")
     server = await start_server(static_dirs=(str(first), str(second)))
+    (second / "docs").mkdir()
+    (second / "docs" / "index.html").write_text("docs index")
+    (second / "404.html").write_text("not here")
+    server = await start_server(static_dirs=(str(first), str(second)))
     assert await _http_get(server.port, "/") == "demo index"
     assert await _http_get(server.port, "/app.js") == "built"
+    assert await _http_get(server.port, "/docs/") == "docs index"
+    assert await _http_response(server.port, "/missing.js") == (404, "not here")
+    assert (await _http_response(server.port, "/docs"))[0] == 307  # to "/docs/"
+    assert (await _http_response(server.port, "/app.js", method="POST"))[0] == 405
+
+
+async def test_static_dirs_without_a_404_page(tmp_path: Path, start_server: Any) -> None:
+    (tmp_path / "a.txt").write_text("a")
+    server = await start_server(static_dirs=(str(tmp_path),))
+    assert (await _http_response(server.port, "/b.txt"))[0] == 404
+    with pytest.raises(RuntimeError):
+        StaticDirs((str(tmp_path / "absent"),))
 
 
 async def _http_get(port: int, path: str) -> str:
+    status, body = await _http_response(port, path)
+    assert status == 200, (status, body)
+    return body
+
+
+async def _http_response(port: int, path: str, method: str = "GET") -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    request = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    writer.write(request.encode())
     data = await reader.read()
     writer.close()
     await writer.wait_closed()
-    return data.split(b"\r\n\r\n", 1)[1].decode()
+    head, body = data.split(b"\r\n\r\n", 1)
+    return int(head.split(b" ", 2)[1]), body.decode()
 
 
 async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
