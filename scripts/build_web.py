@@ -271,7 +271,7 @@ AI_BUNDLE_EXPORTS = (
 def bundle_ai_chat(out: Path, cache: Path) -> int:
     """Bundle the `ai` package's chat client into ``out/ai/ai.mjs`` with esbuild (offline)."""
     esbuild = ROOT / "node_modules" / ".bin" / "esbuild"
-    entry = f"export {{ {', '.join(AI_BUNDLE_EXPORTS)} }} from \"ai\";\n"
+    entry = f'export {{ {", ".join(AI_BUNDLE_EXPORTS)} }} from "ai";\n'
     built = cache / "ai.mjs"
     # esbuild reads the entry from stdin and resolves "ai" from the working directory.
     subprocess.run(
