@@ -43,6 +43,7 @@ class PeerTurn {
     this.last = status;
     this.statuses = [status];
     this.readyAt = [];
+    this.readyMs = 0;
     this.rank = new Map();
     this.backwards = 0;
     this.finishReasons = [];
@@ -50,9 +51,14 @@ class PeerTurn {
   }
   status(status) {
     if (status === this.last || this.endedAt !== null) return;
+    const now = performance.now();
+    // Time spent in a `ready` entered inside the turn (the one before the send is not).
+    if (this.last === "ready" && this.readyAt.length) {
+      this.readyMs += now - this.readyAt[this.readyAt.length - 1];
+    }
     this.last = status;
     this.statuses.push(status);
-    if (status === "ready") this.readyAt.push(performance.now());
+    if (status === "ready") this.readyAt.push(now);
   }
   part(toolCallId, state) {
     if (this.endedAt !== null) return;
@@ -75,6 +81,7 @@ class PeerTurn {
       requests: window.__peer.sends - this.sends0,
       // Every `ready` inside the turn but the one that ends it.
       readyFlips: this.readyAt.length - (endedReady ? 1 : 0),
+      readyMs: this.readyMs,
       backwards: this.backwards,
       toolCalls: this.rank.size,
       statuses: this.statuses,
