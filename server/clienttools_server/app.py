@@ -1,9 +1,11 @@
-"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, static files.
+"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, the pending-call
+routes (``/executions``, see :mod:`clienttools_server.routes`), static files.
 
 config = ServerConfig(port=0)
 app = create_app(config)                       # serve it with uvicorn, or:
 async with running_server(config) as server:   # in-process, on a free port
     url = server.ws_url("chat-1")              # ws://127.0.0.1:PORT/agents/chat/chat-1
+    server.pending.executions(status="paused") # the Python API the HTTP routes call
 """
 
 from __future__ import annotations
@@ -11,27 +13,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.routing import Mount, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
 from .ledger import Ledger, SqliteLedger
 from .models import Model, create_model
+from .pending import PendingCalls
+from .routes import pending_routes
 from .server_tools import ServerTool, default_server_tools
+from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class StaticDirs:
@@ -78,7 +85,21 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Connection(websocket, websocket.path_params["session"], hub, config).serve()
+    session = websocket.path_params["session"]
+    await Connection(websocket, session, hub, config, hub.clock).serve()
+
+
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        return SqliteLedger(":memory:")
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
 
 
 def create_app(
@@ -86,9 +107,9 @@ def create_app(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
-    """The app for ``config``; ``model`` and ``server_tools`` replace the defaults (tests)."""
+    """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
     chosen_model = model
     if chosen_model is None:
         chosen_model = create_model(
@@ -98,12 +119,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
-        ledger: Ledger = SqliteLedger(config.db if config.db is not None else ":memory:")
+        ledger = open_ledger(config.db)
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
+        app.state.pending = PendingCalls(hub, ledger)
         hub.start()
         try:
             yield
@@ -111,20 +132,24 @@ def create_app(
             await hub.close()
             ledger.close()
 
-    routes: list[WebSocketRoute | Mount] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes: list[BaseRoute] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes += pending_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
-    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too."""
+    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
+
+    A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    """
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,
         ws_max_size=config.max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -158,6 +183,12 @@ class RunningServer:
         hub: Hub = self.app.state.hub
         return hub
 
+    @property
+    def pending(self) -> PendingCalls:
+        """List and settle pending calls: what the ``/executions`` routes call."""
+        pending: PendingCalls = self.app.state.pending
+        return pending
+
 
 @contextlib.asynccontextmanager
 async def running_server(
@@ -165,7 +196,7 @@ async def running_server(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
     app = create_app(config, model=model, server_tools=server_tools, clock=clock)

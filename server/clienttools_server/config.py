@@ -38,10 +38,15 @@ class ServerConfig:
     port: int = 8000
     # Directories served at "/", first match wins (``make demo``: demo/ then build/web/).
     static_dirs: tuple[str, ...] = ()
-    # SQLite ledger file; None keeps the ledger in memory (nothing survives a restart).
+    # The ledger: a SQLite file, or a postgresql:// URL that many processes share;
+    # None keeps it in memory (nothing survives a restart).
     db: str | None = None
-    # Required as ``?token=`` on the WebSocket URL when set.
+    # Required as ``?token=`` on the WebSocket URL when set, and accepted as
+    # ``Authorization: Bearer`` by the /executions routes.
     token: str | None = None
+    # Accepted by the /executions routes only (operators, webhooks); never by the WebSocket.
+    # With either token set, every route needs one of them.
+    admin_token: str | None = None
     # Allowed ``Origin`` values; empty means the server's own origin only; "*" allows any.
     allow_origins: tuple[str, ...] = ()
     # S3: default per-call idle timeout and the hard cap on any call.

@@ -64,7 +64,7 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 
 # How much of a recorded or asked-for input a Divergence message quotes.
 _QUOTE_CHARS = 200
@@ -132,6 +132,14 @@ class LedgerClosed(RuntimeError):
     """The ledger was used after :meth:`Ledger.close`."""
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database could not be reached; nothing of the call was written.
+
+    Only a store on a server (PostgreSQL) raises it. A peer whose frame met it
+    gets nothing acknowledged, so it sends the frame again once it reconnects.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One run: what started it and where it stands."""
@@ -169,6 +177,9 @@ class Step:
     attempts: int
     created_at: float
     updated_at: float
+    # Canonical JSON of the tool spec the call was made with (a ``client`` step),
+    # so its outputSchema is checked the same way after a restart; None otherwise.
+    spec_json: str | None = None
 
     def result(self) -> object:
         """The recorded output; ValueError if the step was not applied."""
@@ -184,6 +195,12 @@ class Step:
         if self.error_json is None:
             return None
         return cast("dict[str, object]", json.loads(self.error_json))
+
+    def spec(self) -> dict[str, object] | None:
+        """The recorded tool spec (wire field names: ``outputSchema``, ...), or None."""
+        if self.spec_json is None:
+            return None
+        return cast("dict[str, object]", json.loads(self.spec_json))
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +408,8 @@ class Ledger(Protocol):
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int: ...
 
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None: ...
+
     def expire_paused(self, ttl: float, now: float) -> list[str]: ...
 
     def prune_finished(self, retention: float, now: float) -> int:
@@ -434,6 +453,7 @@ CREATE TABLE steps (
     attempts     INTEGER NOT NULL DEFAULT 0,
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL,
+    spec_json    TEXT,
     PRIMARY KEY (execution_id, seq)
 );
 -- Only pending steps are ever searched by state, and they are few.
@@ -444,12 +464,18 @@ CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT N
 _EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
-    "error_json, request_id, attempts, created_at, updated_at"
+    "error_json, request_id, attempts, created_at, updated_at, spec_json"
+)
+# Schema changes after version 1, applied in order to an older file: version N+1's
+# statements are _MIGRATIONS[N - 1].
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 2: the tool spec a client call was made with, for the outputSchema after a restart.
+    ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
 )
 
 
 _INSERT_STEP = (
-    f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (execution_id, seq) DO NOTHING"
 )
 _TOUCH_EXECUTION = "UPDATE executions SET updated_at = ? WHERE id = ?"
@@ -501,14 +527,19 @@ class SqliteLedger:
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version == _SCHEMA_VERSION:
                 return
-            if version != 0:
+            if not 0 <= version < _SCHEMA_VERSION:
                 raise RuntimeError(
                     f"ledger schema version {version} is not supported "
                     f"(this code knows version {_SCHEMA_VERSION})"
                 )
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+            if version == 0:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            else:
+                for statements in _MIGRATIONS[version - 1 :]:
+                    for statement in statements:
+                        db.execute(statement)
             db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     @property
@@ -716,7 +747,7 @@ class SqliteLedger:
         state, stored_result = _prepare_recorded_result(result_json)
         values = (
             execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now,
+            stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
         with self._write() as db:
             try:
@@ -821,3 +852,14 @@ class SqliteLedger:
         if row is None:
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(row[0])
+
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+        """Record the tool spec of a step once (the first stays); the step, None if missing."""
+        canonical = _canonicalize(spec_json)
+        with self._write() as db:
+            db.execute(
+                "UPDATE steps SET spec_json = ? "
+                "WHERE execution_id = ? AND seq = ? AND spec_json IS NULL",
+                (canonical, execution_id, seq),
+            )
+            return self._step_in(db, execution_id, seq)

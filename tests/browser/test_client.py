@@ -1,6 +1,8 @@
 """The real SDK in real Chromium, driven by a real WebSocket peer (rules C1-C13).
 
-One page load serves the whole module: each test uses its own tools or request
+Every test runs against both flavours: the Pyodide client (client.html) and the
+MicroPython one (client_mpy.html, the same tools with declared schemas). One page
+load per flavour serves the whole module: each test uses its own tools or request
 ids, so they do not disturb each other, and the page's #state shows what the
 tools observed (runs, cancellations, JS proxies).
 """
@@ -23,20 +25,30 @@ pytestmark = pytest.mark.browser
 SESSION = "client-tests"
 
 
+FLAVOUR_PAGES = {"pyodide": "client.html", "micropython": "client_mpy.html"}
+
+
+@pytest.fixture(scope="module", params=list(FLAVOUR_PAGES))
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def driver() -> Iterator[ToolDriver]:
+def driver(flavour: str) -> Iterator[ToolDriver]:  # one per flavour: fresh peers and frames
     d = ToolDriver().start()
     yield d
     d.stop()
 
 
 @pytest.fixture(scope="module")
-def page(browser: Browser, static_server: StaticServer, driver: ToolDriver) -> Iterator[Page]:
+def page(
+    browser: Browser, static_server: StaticServer, driver: ToolDriver, flavour: str
+) -> Iterator[Page]:
     context = browser.new_context()
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(f"{static_server.url}/client.html?ws={driver.url(SESSION)}")
+    page.goto(f"{static_server.url}/{FLAVOUR_PAGES[flavour]}?ws={driver.url(SESSION)}")
     page.wait_for_function(
         "document.getElementById('status').textContent !== 'loading'",
         timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
@@ -240,7 +252,7 @@ def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver
         SESSION,
         {"type": "cf_agent_client_tool_result_ack", "requestId": request_id, "outcome": "applied"},
     )
-    page.wait_for_function("pyodide.runPython('len(client.session.outbox())') === 0")
+    page.wait_for_function("window.outboxSize() === 0")
     peers_before = len(driver.peers)
     driver.drop(SESSION)
     peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)
@@ -254,8 +266,32 @@ def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver) -> None:
         driver.drop(SESSION)
         driver.wait_registered(SESSION, after=peers_before, timeout=5)
     assert driver.invoke(SESSION, "add", {"a": 1, "b": 2})["output"] == 3
-    page.evaluate("pyodide.runPython('publish()')")
+    page.evaluate("window.publishState()")
     observed = state(page)
     live = observed["proxiesCreated"] - observed["proxiesDestroyed"]
     assert observed["proxiesCreated"] > 20 * 3
     assert 0 < live <= 4, observed  # only the live socket's handlers remain
+
+
+def test_reload_resends_unacknowledged_results_without_running_again(
+    page: Page, driver: ToolDriver
+) -> None:
+    # Last in the module: it reloads the page. The outbox is in sessionStorage (C11).
+    driver.held_acks.add(SESSION)
+    try:
+        request_id = driver.start_invoke(SESSION, "add", {"a": 6, "b": 7})
+        assert driver.result(SESSION, request_id)["output"] == 13
+        peers_before = len(driver.peers)
+        page.reload()
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        driver.wait_registered(SESSION, after=peers_before, timeout=5)
+        assert driver.result(SESSION, request_id, nth=2)["output"] == 13
+        # Delivered again after the reload: the stored result, the tool does not run.
+        driver.start_invoke(SESSION, "add", {"a": 6, "b": 7}, request_id=request_id, attempt=2)
+        assert driver.result(SESSION, request_id, nth=3)["output"] == 13
+        assert runs(page, "add") == 0
+    finally:
+        driver.held_acks.discard(SESSION)

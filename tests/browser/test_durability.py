@@ -7,8 +7,8 @@ the ``attempt`` of every start, how often it finished) is kept in
 sessionStorage, so it survives reloads, and published in ``#state``.
 
 The page is served by the server itself (``--static``), so it is same-origin
-with the WebSocket. "An hour later" is a simulated clock: the server process
-reads a clock offset from the file named by ``CLIENTTOOLS_CLOCK_OFFSET_FILE``.
+with the WebSocket. "An hour later" is a simulated clock: the server process is
+the CLI on a clock that adds the offset in a file (tests.support.clocked_server).
 A chat sent while no page is live comes from a plain CPython WebSocket, the way
 a server-side trigger or a second device would start one.
 
@@ -55,9 +55,12 @@ class DurableServer(ServerProcess):
         self.clock_file.write_text("0")
         pages = ROOT / "tests" / "browser" / "pages"
         super().__init__(
-            ["--db", str(self.db), "--static", str(pages), "--static", str(web)],
+            [
+                *("--clock-offset-file", str(self.clock_file), "--db", str(self.db)),
+                *("--static", str(pages), "--static", str(web)),
+            ],
             log=tmp / "server.log",
-            env={"CLIENTTOOLS_CLOCK_OFFSET_FILE": str(self.clock_file)},
+            module="tests.support.clocked_server",
         )
 
     def advance_clock(self, seconds: float) -> None:

@@ -28,7 +28,16 @@ from clienttools_server.models import (
     parse_call_line,
     words,
 )
-from clienttools_server.schema import schema_errors
+from clienttools_server.proxy import (
+    CALL_TRANSITIONS,
+    LATE_RESULT,
+    CallEvent,
+    CallState,
+    next_call_state,
+)
+from clienttools_server.schema import OutputSchemas
+from tests.support.clock import ManualClock
+from tests.support.wait import wait_until
 
 
 @given(st.text())
@@ -80,11 +89,29 @@ async def test_scripted_model_answers_one_line_per_call() -> None:
         ({"type": "string", "maxLength": 2}, "abc", False),
         ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, 3, True),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 3, False),
-        ({"$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, "3", False),
+        ({"const": True}, 1, False),
+        # A reference to nothing cannot be checked: the result is refused, not let through.
+        ({"$ref": "#/$defs/x"}, 3, False),
     ],
 )
 def test_schema_checker(schema: dict[str, Any], value: Any, ok: bool) -> None:
-    assert (schema_errors(schema, value) == []) is ok
+    assert (OutputSchemas().errors(schema, value) == []) is ok
+
+
+def test_schema_checker_compiles_each_schema_once_and_refuses_bad_schemas() -> None:
+    schemas = OutputSchemas(limit=2)
+    first = schemas.validator({"type": "integer"})
+    assert schemas.validator({"type": "integer"}) is first
+    schemas.validator({"type": "string"})
+    schemas.validator({"type": "boolean"})  # over the limit: the least recently used goes
+    assert schemas.validator({"type": "integer"}) is not first
+    assert schemas.problem({"type": "integer"}) is None
+    assert schemas.problem({"type": "no-such-type"}) == (
+        "'no-such-type' is not valid under any of the given schemas (at $.type)"
+    )
+    assert schemas.problem({"minimum": "zero"}) == "'zero' is not of type 'number' (at $.minimum)"
 
 
 def test_cli_options_become_a_config() -> None:
@@ -195,7 +222,50 @@ async def test_no_pings_to_a_chat_only_client(start_server: Any, chunk_collector
     await page.close()
 
 
+async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
+    start_server: Any, chunk_collector: Any
+) -> None:
+    clock = ManualClock()
+    server = await start_server(clock=clock)  # pings every 15 s, idle peers closed after 30 s
+    start = clock.now()
+    # Pings go to a page that registered tools; the idle peer only has its idle timer.
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
+    idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    # The ping loops and the idle timer are all waiting on the clock, not on real time.
+    await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
+    clock.advance(15)
+    ping = await page.expect("cf_agent_ping")
+    assert ping["t"] == (start + 15) * 1000
+    assert idle.close_code is None
+    clock.advance(15)
+    assert await idle.expect_closed() == 1008
+    await idle.close()
+    await page.close()
+
+
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any refusal of the handshake will do
         async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
             pass
+
+
+def test_the_pending_call_table_settles_once_and_answers_every_late_result() -> None:
+    settled = {state for state, moves in CALL_TRANSITIONS.items() if not moves}
+    assert settled == set(LATE_RESULT) == {
+        CallState.APPLIED, CallState.SUPERSEDED, CallState.CLOSED,
+    }  # fmt: skip
+    for state, moves in CALL_TRANSITIONS.items():
+        if state in settled:
+            continue
+        # Every unsettled state can be settled in each of the three ways, and only there.
+        assert {moves[e] for e in (CallEvent.RESULT, CallEvent.OUTSIDE, CallEvent.SERVER)} == (
+            settled
+        )
+        assert moves[CallEvent.DELIVER] is CallState.DELIVERED
+    assert CALL_TRANSITIONS[CallState.ORPHANED][CallEvent.NO_PAGE] is CallState.ORPHANED
+    assert CALL_TRANSITIONS[CallState.DELIVERED][CallEvent.NO_PAGE] is CallState.WAITING
+    with pytest.raises(RuntimeError, match="'applied' cannot take event 'result'"):
+        next_call_state(CallState.APPLIED, CallEvent.RESULT)
+    assert LATE_RESULT[CallState.APPLIED] == "duplicate"
+    assert LATE_RESULT[CallState.SUPERSEDED] == LATE_RESULT[CallState.CLOSED] == "stale"
