@@ -73,7 +73,7 @@ from clienttools.transport import (
 )
 
 if TYPE_CHECKING:
-    from clienttools.chat import Chat
+    from clienttools.chatclient import Chat
 
 logger = logging.getLogger("clienttools")
 
@@ -232,7 +232,7 @@ class ToolClient:
         page that only hosts tools never needs it (cold start, bench/README.md).
         """
         if self._chat is None:
-            from clienttools.chat import Chat
+            from clienttools.chatclient import Chat
 
             self._chat = Chat(self._send_chat_frame, chat_id=self._chat_id)
         return self._chat
@@ -601,7 +601,7 @@ class ToolClient:
             if self._chat is None:
                 return  # no chat was ever started here: nothing waits for these frames
             try:
-                self._chat.feed(event.data)
+                self._chat.feed(event.frame)
             except Exception:  # the chat layer must not take the tool connection down
                 logger.exception("the chat layer failed on a %r frame", event.frame.type)
         elif isinstance(event, ReplaceConnection):

@@ -36,12 +36,13 @@ import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from clienttools import protocol
+from clienttools.errors import LocalProtocolError
 from clienttools.tools import (
     InvalidInput,
     InvalidOutput,
@@ -65,14 +66,6 @@ OUTBOX_FORMAT_VERSION = 1
 
 _json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
 _EMPTY_OUTBOX = json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": []})
-
-
-class LocalProtocolError(Exception):
-    """The adapter misused the session (for example: reported the end of a run it never started).
-
-    The peer cannot cause this; a malformed or unexpected frame is logged and
-    ignored instead (C13).
-    """
 
 
 # --- the call lifecycle, as data ------------------------------------------------------
@@ -214,10 +207,9 @@ class ToolsAcknowledged:
 
 @dataclass(frozen=True)
 class ChatFrameReceived:
-    """A chat frame (start, chunk, end, error, no-active), passed through for the chat layer."""
+    """A chat frame (start, chunk, end, error, no-active), parsed, for the chat layer."""
 
     frame: protocol.ChatServerFrame
-    data: dict[str, Any] = field(repr=False)  # the frame exactly as it arrived (decoded JSON)
 
 
 @dataclass(frozen=True)
@@ -418,9 +410,7 @@ class Session:
                 frame.message[:MAX_ERROR_MESSAGE_CHARS],
             )
         else:
-            # Parsed and valid, so the text is a JSON object; the chat layer gets it as sent.
-            text = data if isinstance(data, str) else data.decode()
-            self._events.append(ChatFrameReceived(frame, json.loads(text)))
+            self._events.append(ChatFrameReceived(frame))
 
     def _refuse_frame(self, exc: protocol.FrameError) -> None:
         """C13: log and ignore, except a malformed invoke with a readable requestId."""
