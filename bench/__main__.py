@@ -24,15 +24,16 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report
+from bench import report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
+from bench.servermemory import measure as measure_server_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 WEB = ROOT / "build" / "web" / "pyodide"
 #: The pages of figures 1, 2 and 4, in their first run's order.
-INVOKE_PAGES = ("clienttools", "rawjs", "bare")
+INVOKE_PAGES = ("clienttools", "rawjs", "bare", "micropython")
 #: Invokes in flight at once while the memory figure runs (a busy page, not a burst).
 MEMORY_WINDOW = 100
 
@@ -46,6 +47,12 @@ class Settings:
     memory_warmup: int = 1000
     fleet_clients: int = 100
     fleet_invokes: int = 100
+    # Figure 6 (first run only): chats against one server without --db, and after how
+    # many the resident memory is the reference for the growth.
+    memory_chats: int = 20_000
+    memory_chats_warmup: int = 5_000
+    #: Pending steps resolved at once over HTTP (bench/resolves.py), once per suite.
+    resolves_n: int = 1000
 
 
 QUICK = Settings(
@@ -56,6 +63,9 @@ QUICK = Settings(
     memory_warmup=50,
     fleet_clients=5,
     fleet_invokes=5,
+    memory_chats=300,
+    memory_chats_warmup=100,
+    resolves_n=50,
 )
 
 
@@ -74,7 +84,7 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
         # so a burst of load from elsewhere on the machine hits both sides alike. The
         # last warm load leaves a loaded page behind for figures 1, 2 and 4: the
         # clienttools page as (a) and the json-only bare page as (c).
-        order = _rotate(("clienttools", "pydantic", "rawjs"), run)
+        order = _rotate(("clienttools", "pydantic", "rawjs", "micropython"), run)
         order += [name for name in reversed(order) if name != "rawjs"]
         starts: dict[str, list[tuple[LoadedPage, LoadedPage]]] = {}
         for name in order:
@@ -90,7 +100,9 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
             # From the moment Pyodide is up to the tools frame: the same runtime start
             # is left out, so this is the SDK's own share (wheel, import, tools, connect).
             after_runtime = [
-                cold.tools_frame_ms - cold.marks["pyodide"] for cold, _ in pairs if cold.marks
+                cold.tools_frame_ms - cold.marks["pyodide"]
+                for cold, _ in pairs
+                if "pyodide" in cold.marks
             ]
             out.setdefault(name, {}).update(
                 cold_start_ms=statistics.fmean(cold_ms),
@@ -135,11 +147,18 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
 
 
 def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
-    """Figure 5 for one run: ledger on and ledger off, in alternating order."""
+    """Figure 5 for one run: ledger on and ledger off, in alternating order; figure 6 once."""
     out: dict[str, dict[str, Any]] = {}
     for name in _rotate(("ledger_on", "ledger_off"), run):
         out[name] = measure_server(
             name == "ledger_on", settings.fleet_clients, settings.fleet_invokes
+        )
+    if run == 0:
+        # Figure 6 is about growth over one long stretch, not a ratio: once is enough.
+        out["server_memory"] = measure_server_memory(
+            settings.memory_chats,
+            warmup=settings.memory_chats_warmup,
+            sample_every=max(settings.memory_chats // 20, 1),
         )
     return out
 
@@ -152,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
-        "--only", choices=("browser", "server"), help="run only the browser or server figures"
+        "--only",
+        choices=("browser", "server", "resolves"),
+        help="run only the browser figures, the server figures, or the HTTP resolves",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -165,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only != "server":
-        static = StaticServer({"/": PAGES_DIR, "/pyodide/": WEB}, cache_seconds=3600).start()
+    if args.only not in ("server", "resolves"):
+        dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
+        for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
+            dirs[f"/{name}/"] = WEB.parent / name
+        static = StaticServer(dirs, cache_seconds=3600).start()
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
                 for run in range(settings.runs):
@@ -174,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only != "browser":
+    if args.only not in ("browser", "server"):
+        _progress(f"{settings.resolves_n} concurrent HTTP resolves")
+        resolved = resolves.measure(settings.resolves_n)
+        if not resolved["exactly_once"]:
+            raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
+    else:
+        resolved = None
+    if args.only not in ("browser", "resolves"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
@@ -190,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
     }
     results["runs"] = runs
+    if resolved is not None:
+        results["resolves"] = resolved
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
+    if resolved is not None:
+        markdown += "\n" + resolves.markdown(resolved)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0

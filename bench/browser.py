@@ -25,12 +25,13 @@ from playwright.sync_api import BrowserContext, CDPSession, Page, sync_playwrigh
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_LOAD_TIMEOUT_S = 90.0
 
-#: Page name -> (file, query): the three pages of the issue, plus the cold-start baseline.
+#: Page name -> (file, query): the pages compared, plus the cold-start baseline.
 PAGES = {
     "rawjs": ("rawjs.html", ""),
     "bare": ("bare.html", ""),
     "pydantic": ("bare.html", "&pydantic=1"),
     "clienttools": ("clienttools.html", ""),
+    "micropython": ("micropython.html", ""),
 }
 PYTHON_PAGES = frozenset({"bare", "pydantic", "clienttools"})
 

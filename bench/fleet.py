@@ -72,13 +72,13 @@ async def _client(url: str, index: int, invokes: int, gate: _Gate) -> list[float
         await gate.start.wait()
         for i in range(invokes):
             started = time.perf_counter()
-            if not await _chat(ws, index, i):
+            if not await chat(ws, index, i):
                 raise RuntimeError(f"client {index}: chat {i} ended without the tool's output")
             latencies.append(time.perf_counter() - started)
     return latencies
 
 
-async def _chat(ws: ClientConnection, index: int, i: int) -> bool:
+async def chat(ws: ClientConnection, index: int, i: int) -> bool:
     """One chat whose model calls `add` once; True when the output came back before `end`."""
     request_id = secrets.token_hex(8)
     text = f'call add {{"a": {i}, "b": 1}}'

@@ -40,6 +40,11 @@ ROWS = (
         "ratio_max", 1.5),
     Row("server_cpu_per_invoke_ms", "5. server, CPU time per invoke", "ms", "ledger_on",
         "ledger_off", "ratio_max", 1.5),
+    # Figure 6 has no baseline: it is the growth of one server over a long stretch.
+    Row("rss_growth_bytes", "6. server RSS growth after warm-up, no --db", "MB",
+        "server_memory", "", "value_max", 5.0, 1e-6),
+    Row("rss_end_bytes", "6. server RSS at the end, no --db", "MB", "server_memory", "",
+        scale=1e-6),
     # The floor that Pyodide itself sets, for reading the rows above.
     Row("roundtrip_p50_us", "1. round trip p50 (bare Pyodide)", "µs", "bare", "rawjs"),
     Row("roundtrip_p99_us", "1. round trip p99 (bare Pyodide)", "µs", "bare", "rawjs"),
@@ -48,6 +53,18 @@ ROWS = (
         scale=1e-6),
     Row("py_objects_growth", "4. Python objects tracked by gc, growth per 10k", "objects",
         "clienttools", "bare"),
+    # The MicroPython flavour (micropython.html): its start against the Pyodide SDK page,
+    # its invokes against raw JS.
+    Row("cold_start_ms", "3. cold start, MicroPython flavour", "ms", "micropython",
+        "clienttools", "ratio_max", 0.15),
+    Row("warm_start_ms", "3. warm start, MicroPython flavour", "ms", "micropython",
+        "clienttools"),
+    Row("roundtrip_p50_us", "1. round trip p50, MicroPython flavour", "µs", "micropython",
+        "rawjs"),
+    Row("roundtrip_p99_us", "1. round trip p99, MicroPython flavour", "µs", "micropython",
+        "rawjs"),
+    Row("throughput_per_s", "2. throughput, MicroPython flavour", "invokes/s", "micropython",
+        "rawjs"),
 )  # fmt: skip
 
 
@@ -156,10 +173,12 @@ def markdown(results: dict[str, Any]) -> str:
     for entry in results["rows"]:
         unit = entry["unit"]
         scale = entry["scale"]
+        baseline = entry["baseline"]
         lines.append(
             f"| {entry['label']} ({unit}) | {entry['subject']} | "
-            f"{_fmt(entry['subject_stats'], scale)} | {entry['baseline']} | "
-            f"{_fmt(entry['baseline_stats'], scale)} | {_fmt(entry['ratio_stats'], digits=2)} | "
+            f"{_fmt(entry['subject_stats'], scale)} | {baseline} | "
+            f"{_fmt(entry['baseline_stats'], scale) if baseline else ''} | "
+            f"{_fmt(entry['ratio_stats'], digits=2) if baseline else ''} | "
             f"{_target_text(entry)} |"
         )
     lines += [
@@ -168,7 +187,8 @@ def markdown(results: dict[str, Any]) -> str:
         "hand-written JS handler; bare = page (c), Pyodide answering with json.loads/json.dumps; "
         "pydantic = the bare page that first loads pydantic and defines one model (cold-start "
         "baseline); "
-        "ledger_on/off = the reference server with/without `--db`.",
+        "ledger_on/off = the reference server with/without `--db`; server_memory = one "
+        "server without `--db` over many chats (figure 6).",
         "",
     ]
     return "\n".join(lines)

@@ -2,8 +2,8 @@
 
 "Ledger on" is `clienttools-server --db FILE`: the SQLite ledger, every step
 committed (WAL, synchronous=NORMAL). "Ledger off" is the default without
-`--db`: app.py still records steps, in the in-memory `MemoryLedger`, so "off"
-means no durable store, which is what a deployment without `--db` runs.
+`--db`: app.py still records steps, in SQLite's `:memory:`, so "off" means
+no durable store, which is what a deployment without `--db` runs.
 
 The server runs as a subprocess (`python -m clienttools_server`) and the load
 as another (`python -m bench.fleet`), so neither shares an interpreter with the

@@ -8,6 +8,11 @@ Layout of the result:
                           clienttools wheel, and a pyodide-lock.json that lists
                           exactly these wheels with their sha256
     build/web/pyscript/   the `@pyscript/core` dist
+    build/web/micropython/  MicroPython for PyScript (npm
+                          `@micropython/micropython-webassembly-pyscript`), the
+                          pure modules of the MicroPython flavour (MPY_MODULES)
+                          and clienttools.json, the PyScript config that loads
+                          them: `<script type="mpy" config="/micropython/clienttools.json">`
 
 Every browser-side version is pinned in package.json: the npm packages under
 `dependencies`, the wheels under `browserWheels`. The build is incremental:
@@ -39,6 +44,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PYODIDE_SKIP = frozenset(
     {"pyodide-lock.json", "package.json", "README.md", "console.html", "console-v2.html"}
 )
+# The modules of the MicroPython flavour, in import order: they import no pydantic.
+MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "mpy.py")
+MPY_URL = "/micropython/"
+# Where PyScript puts them in MicroPython's file system: /lib is on its sys.path, and a
+# directory without __init__.py is a namespace package there (the Pyodide flavour's
+# __init__ imports pydantic, so it is not shipped).
+MPY_LIB = "/lib/clienttools/"
+
 # What `Requires-Dist` markers see inside Pyodide.
 PYODIDE_MARKER_ENV = {
     "python_version": "3.14",
@@ -256,11 +269,41 @@ def lock_for(wheels: list[Wheel], info: dict[str, object]) -> dict[str, object]:
     return {"info": info, "packages": dict(sorted(packages.items())), "tool": {}}
 
 
+def mpy_config() -> str:
+    """The PyScript config of a MicroPython clienttools page: our interpreter, our modules."""
+    config = {
+        "interpreter": f"{MPY_URL}micropython.mjs",
+        "files": {f"{MPY_URL}clienttools/{name}": f"{MPY_LIB}{name}" for name in MPY_MODULES},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def build_micropython(node_modules: Path, out: Path) -> int:
+    """build/web/micropython/: the interpreter, the flavour's modules and their config."""
+    target = out / "micropython"
+    npm = node_modules / "@micropython" / "micropython-webassembly-pyscript"
+    copied = sum(
+        copy_if_changed(npm / name, target / name)
+        for name in ("micropython.mjs", "micropython.wasm")
+    )
+    for name in MPY_MODULES:
+        copied += copy_if_changed(
+            ROOT / "client" / "clienttools" / name, target / "clienttools" / name
+        )
+    config_path = target / "clienttools.json"
+    config_text = mpy_config()
+    if not config_path.exists() or config_path.read_text() != config_text:
+        config_path.write_text(config_text)
+        copied += 1
+    return copied
+
+
 def build(out: Path, cache: Path) -> None:
     node_modules = ROOT / "node_modules"
     cache.mkdir(parents=True, exist_ok=True)
     copied = sync_tree(node_modules / "pyodide", out / "pyodide", skip=PYODIDE_SKIP)
     copied += sync_tree(node_modules / "@pyscript" / "core" / "dist", out / "pyscript")
+    copied += build_micropython(node_modules, out)
     wheel_paths = [*download_wheels(cache), build_client_wheel(cache)]
     for path in wheel_paths:
         copied += copy_if_changed(path, out / "pyodide" / path.name)

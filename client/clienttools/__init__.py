@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from clienttools.client import ToolClient
-from clienttools.errors import LocalProtocolError
+from clienttools.rules import LocalProtocolError
 from clienttools.tools import (
     InvalidInput,
     InvalidOutput,

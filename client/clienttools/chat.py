@@ -38,9 +38,9 @@ from typing import Final, Literal
 from pydantic import JsonValue
 
 from clienttools import protocol
-from clienttools.errors import LocalProtocolError
 from clienttools.message_builder import TOOL_STATE_ORDER, TOOL_TRANSITIONS, MessageBuilder
 from clienttools.partial_json import parse_partial_json
+from clienttools.rules import LocalProtocolError
 from clienttools.uimessage import (
     CHUNK_FIELDS,
     DataPart,

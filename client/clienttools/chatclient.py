@@ -20,8 +20,8 @@ from typing import TypeAlias
 
 from clienttools import protocol
 from clienttools.chat import DEFAULT_ERROR, ChatResponseError, ChatState, ChatStatus, new_id
-from clienttools.errors import LocalProtocolError
 from clienttools.observers import Observers
+from clienttools.rules import LocalProtocolError
 from clienttools.uimessage import ToolPart, UIMessage
 
 __all__ = ["ChangeCallback", "Chat"]

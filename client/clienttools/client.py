@@ -58,9 +58,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from clienttools import protocol
 from clienttools.connection import Connection
-from clienttools.errors import LocalProtocolError
 from clienttools.observers import Observers
 from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
+from clienttools.rules import LocalProtocolError
 from clienttools.session import (
     DEFAULT_PING_INTERVAL,
     CancelTool,

@@ -28,13 +28,26 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 1_048_576
-MAX_RESULT_BYTES = 1_000_000
-MAX_TOOLS_PER_CONNECTION = 128
-MAX_TOOL_SPEC_BYTES = 65_536
-TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+from clienttools.rules import (  # shared with the MicroPython flavour, which has no pydantic
+    MAX_FRAME_BYTES,
+    MAX_RESULT_BYTES,
+    MAX_TOOL_SPEC_BYTES,
+    MAX_TOOLS_PER_CONNECTION,
+    PROTOCOL_VERSION,
+    TOOL_NAME_PATTERN,
+)
 
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "MAX_RESULT_BYTES",
+    "MAX_TOOLS_PER_CONNECTION",
+    "MAX_TOOL_SPEC_BYTES",
+    "PROTOCOL_VERSION",
+    "TOOL_NAME_PATTERN",
+]
+
+# The Literals spell rules.ERROR_CODES, CANCEL_REASONS and ACK_OUTCOMES for pydantic and mypy
+# (a Literal cannot be built from a tuple); tests/unit/test_rules.py checks they agree.
 ErrorCode: TypeAlias = Literal[
     "unknown_tool",
     "invalid_input",

@@ -29,20 +29,35 @@ list raises `LocalProtocolError`, because only a misused API can cause it.
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import math
-import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from clienttools import protocol
-from clienttools.errors import LocalProtocolError
+from clienttools.rules import (
+    CALL_TRANSITIONS,
+    COMPLETED_CACHE_SIZE,
+    DEFAULT_PING_INTERVAL,
+    LIVENESS_FACTOR,
+    MAX_ERROR_MESSAGE_CHARS,
+    OUTBOX_FORMAT_VERSION,
+    CallEvent,
+    CallState,
+    LocalProtocolError,
+    backoff,
+    cut_message,
+    effective_timeout,
+    next_call_state,
+    timeout_message,
+    too_large_message,
+    unknown_tool_message,
+)
 from clienttools.tools import (
     InvalidInput,
     InvalidOutput,
@@ -52,90 +67,31 @@ from clienttools.tools import (
     ToolRegistry,
 )
 
-logger = logging.getLogger("clienttools")
+__all__ = [  # the lifecycle table, limits and backoff live in rules.py, shared with mpy.py
+    "CALL_TRANSITIONS",
+    "COMPLETED_CACHE_SIZE",
+    "DEFAULT_PING_INTERVAL",
+    "LIVENESS_FACTOR",
+    "OUTBOX_FORMAT_VERSION",
+    "CallEvent",
+    "CallState",
+    "CancelTool",
+    "ChatFrameReceived",
+    "Event",
+    "LocalProtocolError",
+    "ReplaceConnection",
+    "RunTool",
+    "Session",
+    "ToolCall",
+    "ToolsAcknowledged",
+    "backoff",
+    "next_call_state",
+]
 
-DEFAULT_PING_INTERVAL = 15.0
-#: C12: a connection on which nothing arrived for this many ping intervals is dead.
-LIVENESS_FACTOR = 2.5
-#: C7 asks to remember at least the last 1,000 completed requests.
-COMPLETED_CACHE_SIZE = 1000
-#: Exception text and ToolError messages longer than this are cut, so an error
-#: result always fits in a frame.
-MAX_ERROR_MESSAGE_CHARS = 4000
-OUTBOX_FORMAT_VERSION = 1
+logger = logging.getLogger("clienttools")
 
 _json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
 _EMPTY_OUTBOX = json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": []})
-
-
-# --- the call lifecycle, as data ------------------------------------------------------
-
-
-class CallState(enum.Enum):
-    RECEIVED = "received"  # invoke parsed, not yet checked
-    RUNNING = "running"  # the adapter is running the tool
-    COMPLETED = "completed"  # result with `output` produced
-    FAILED = "failed"  # result with `error` produced (never ran, raised, or bad output)
-    CANCELLED = "cancelled"  # the server cancelled it; no result
-    TIMED_OUT = "timed_out"  # past its deadline; `timeout` result produced
-
-
-class CallEvent(enum.Enum):
-    ACCEPT = "accept"  # input valid: the run starts
-    REJECT = "reject"  # unknown tool, invalid input or malformed invoke: the run never starts
-    RETURN = "return"  # the tool returned a usable value
-    RETURN_UNUSABLE = "return_unusable"  # the value could not be serialized or is too large
-    RAISE = "raise"  # the tool raised
-    RUN_CANCELLED = "run_cancelled"  # the run ended by cancellation
-    CANCEL = "cancel"  # the server sent cf_agent_client_tool_cancel
-    EXPIRE = "expire"  # the deadline passed
-
-
-# A run that was cancelled or timed out is still alive until the adapter reports
-# how it ended; that late outcome is dropped (no second result), hence the
-# self-loops. COMPLETED and FAILED are final: the run is over when they are entered.
-_LATE_OUTCOMES = (
-    CallEvent.RETURN,
-    CallEvent.RETURN_UNUSABLE,
-    CallEvent.RAISE,
-    CallEvent.RUN_CANCELLED,
-)
-CALL_TRANSITIONS: dict[CallState, dict[CallEvent, CallState]] = {
-    CallState.RECEIVED: {
-        CallEvent.ACCEPT: CallState.RUNNING,
-        CallEvent.REJECT: CallState.FAILED,
-    },
-    CallState.RUNNING: {
-        CallEvent.RETURN: CallState.COMPLETED,
-        CallEvent.RETURN_UNUSABLE: CallState.FAILED,
-        CallEvent.RAISE: CallState.FAILED,
-        # Cancelled by someone other than the session (the tool cancelled itself):
-        # reported as a tool_error, like any other exception.
-        CallEvent.RUN_CANCELLED: CallState.FAILED,
-        CallEvent.CANCEL: CallState.CANCELLED,
-        CallEvent.EXPIRE: CallState.TIMED_OUT,
-    },
-    CallState.CANCELLED: {
-        **{event: CallState.CANCELLED for event in _LATE_OUTCOMES},
-        CallEvent.CANCEL: CallState.CANCELLED,  # C8: a repeated cancel is ignored
-    },
-    CallState.TIMED_OUT: {
-        **{event: CallState.TIMED_OUT for event in _LATE_OUTCOMES},
-        CallEvent.CANCEL: CallState.TIMED_OUT,  # the server timed out too: already answered
-    },
-    CallState.COMPLETED: {},
-    CallState.FAILED: {},
-}
-
-
-def next_call_state(state: CallState, event: CallEvent) -> CallState:
-    """Look up the state `event` leads to from `state`; raise LocalProtocolError if none."""
-    try:
-        return CALL_TRANSITIONS[state][event]
-    except KeyError:
-        raise LocalProtocolError(
-            f"a call in state {state.value!r} cannot take event {event.value!r}"
-        ) from None
 
 
 @dataclass
@@ -220,32 +176,6 @@ class ReplaceConnection:
 
 
 Event: TypeAlias = RunTool | CancelTool | ToolsAcknowledged | ChatFrameReceived | ReplaceConnection
-
-
-# --- backoff ---------------------------------------------------------------------------
-
-
-def backoff(
-    initial: float = 1.0,
-    factor: float = 2.0,
-    cap: float = 30.0,
-    rng: random.Random | None = None,
-) -> Iterator[float]:
-    """Reconnect delays: exponential growth with full jitter (C11).
-
-    The n-th delay is uniform in [0, min(cap, initial * factor**n)), so the
-    first try comes within `initial` seconds and no delay exceeds `cap`.
-    Full jitter spreads the reconnects of many pages after a server restart.
-
-        >>> delays = backoff(rng=random.Random(1))
-        >>> all(0 <= next(delays) < 30 for _ in range(100))
-        True
-    """
-    draw = (rng or random.Random()).random
-    ceiling = min(initial, cap)
-    while True:
-        yield draw() * ceiling
-        ceiling = min(cap, ceiling * factor)
 
 
 # --- the session -----------------------------------------------------------------------
@@ -448,7 +378,7 @@ class Session:
         call = ToolCall(request_id, frame.tool_call_id, frame.tool_name, frame.attempt)
         tool = self.registry.get(frame.tool_name)
         if tool is None:
-            message = f"no tool named {frame.tool_name[:100]!r} on this client"
+            message = unknown_tool_message(frame.tool_name)
             self._finish(call, CallEvent.REJECT, _error_result(request_id, "unknown_tool", message))
             return
         try:
@@ -463,7 +393,7 @@ class Session:
             self._finish(call, CallEvent.REJECT, result)
             return
         call.step(CallEvent.ACCEPT)
-        timeout = _effective_timeout(frame.timeout_ms, tool.timeout)
+        timeout = effective_timeout(frame.timeout_ms, tool.timeout)
         call.deadline = None if timeout is None else now + timeout
         self._calls[request_id] = call
         self._events.append(RunTool(request_id, frame.tool_call_id, frame.attempt, tool, arguments))
@@ -500,7 +430,7 @@ class Session:
                 call.step(CallEvent.EXPIRE)
                 call.deadline = None
                 self._events.append(CancelTool(call.request_id, "timeout"))
-                message = f"tool {call.tool_name!r} ran past its time limit and was cancelled"
+                message = timeout_message(call.tool_name)
                 self._store_result(
                     call.request_id, _error_result(call.request_id, "timeout", message)
                 )
@@ -534,7 +464,7 @@ class Session:
             return
         size = protocol.text_size(output_json)
         if size > self.max_result_bytes:
-            message = f"the result is {size} bytes, over the {self.max_result_bytes}-byte limit"
+            message = too_large_message(size, self.max_result_bytes)
             result = _error_result(request_id, "output_too_large", message, {"size": size})
             self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
             return
@@ -688,15 +618,6 @@ class Session:
         return restored
 
 
-def _effective_timeout(timeout_ms: int | None, tool_timeout: float | None) -> float | None:
-    """C9: the smaller of the invoke's `timeoutMs` and the tool's own `timeout`.
-
-    `timeoutMs: 0` means "no limit from the server", not "already expired".
-    """
-    limits = [t for t in (timeout_ms / 1000 if timeout_ms else None, tool_timeout) if t]
-    return min(limits, default=None)
-
-
 def _json_or_none(value: object) -> JsonValue:
     """`value` if it is plain JSON, else None (logged): error data must never break a result."""
     try:
@@ -711,8 +632,7 @@ def _json_or_none(value: object) -> JsonValue:
 def _error_result(
     request_id: str, code: protocol.ErrorCode, message: str, data: JsonValue = None
 ) -> str:
-    if len(message) > MAX_ERROR_MESSAGE_CHARS:
-        message = message[:MAX_ERROR_MESSAGE_CHARS] + "..."
+    message = cut_message(message)
     error = protocol.ToolErrorInfo(code=code, message=message, data=data)
     text = protocol.dump_frame(protocol.ToolResultFrame(request_id=request_id, error=error))
     if len(text) > protocol.MAX_RESULT_BYTES:

@@ -62,7 +62,6 @@ defined only after the tool is registered cannot be resolved.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
@@ -90,7 +89,9 @@ from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticSerializationError
 
 from clienttools import protocol
+from clienttools.context import ToolContext, ToolError
 from clienttools.observers import Observers
+from clienttools.rules import invalid_input_message
 
 __all__ = [
     "InvalidInput",
@@ -105,31 +106,9 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAME_RE: Final = re.compile(protocol.TOOL_NAME_PATTERN)
-# Enough errors for the model to fix its call; more only makes the message long.
-_ERRORS_IN_MESSAGE: Final = 5
 
 
 # --- errors -------------------------------------------------------------------------
-
-
-class ToolError(Exception):
-    """Raise from a tool to send the model a readable error (code `tool_error`).
-
-    `data` travels to the model as the error's `data`; it must be JSON (checked
-    here, so a mistake shows up where it is made, not when the result is sent).
-
-        >>> ToolError("no such city", data={"city": "Atlantis"}).data
-        {'city': 'Atlantis'}
-    """
-
-    def __init__(self, message: str, data: JsonValue = None) -> None:
-        try:
-            protocol.dump_json(data)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"ToolError data must be JSON-serializable: {exc}") from None
-        super().__init__(message)
-        self.message = message
-        self.data = data
 
 
 class InvalidInput(Exception):
@@ -211,92 +190,6 @@ def error_info(exc: BaseException) -> protocol.ToolErrorInfo:
     return protocol.ToolErrorInfo(
         code="tool_error", message=str(exc) or name, data={"exception": name}
     )
-
-
-# --- context ------------------------------------------------------------------------
-
-
-class ToolContext:
-    """Injected into a tool that has a parameter annotated `ToolContext`.
-
-    The parameter is left out of the tool's schema. `progress()` reports
-    progress to the server (C10: strictly increasing per call).
-    """
-
-    __slots__ = (
-        "_attempt",
-        "_last_progress",
-        "_report_progress",
-        "_request_id",
-        "_tool_call_id",
-        "_tool_name",
-    )
-
-    def __init__(
-        self,
-        *,
-        request_id: str,
-        tool_call_id: str,
-        tool_name: str,
-        attempt: int,
-        report_progress: Callable[[float, float | None, str | None], None],
-    ) -> None:
-        self._request_id = request_id
-        self._tool_call_id = tool_call_id
-        self._tool_name = tool_name
-        self._attempt = attempt
-        self._report_progress = report_progress
-        self._last_progress: float | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self._request_id
-
-    @property
-    def tool_call_id(self) -> str:
-        return self._tool_call_id
-
-    @property
-    def tool_name(self) -> str:
-        return self._tool_name
-
-    @property
-    def attempt(self) -> int:
-        """1 on the first delivery of this call, +1 on each re-delivery after a reconnect."""
-        return self._attempt
-
-    @property
-    def last_progress(self) -> float | None:
-        """The last progress value reported, None before the first report."""
-        return self._last_progress
-
-    async def progress(
-        self, progress: float, total: float | None = None, message: str | None = None
-    ) -> None:
-        """Report progress, then yield to the event loop once so the frame can go out.
-
-        Raises ValueError if `progress` is not strictly greater than the last
-        value reported for this call (protocol rule C10), or is not finite.
-        """
-        if not math.isfinite(progress):
-            raise ValueError(f"progress must be a finite number, got {progress!r}")
-        if total is not None and not math.isfinite(total):
-            raise ValueError(f"total must be a finite number or None, got {total!r}")
-        last = self._last_progress
-        if last is not None and progress <= last:
-            raise ValueError(
-                f"progress must be strictly greater than the last reported value "
-                f"(protocol rule C10): got {progress!r} after {last!r}"
-            )
-        self._last_progress = progress
-        self._report_progress(progress, total, message)
-        await asyncio.sleep(0)
-
-    def __repr__(self) -> str:
-        return (
-            f"ToolContext(tool_name={self._tool_name!r}, request_id={self._request_id!r}, "
-            f"attempt={self._attempt})"
-        )
 
 
 # --- schema generation ---------------------------------------------------------------
@@ -796,14 +689,7 @@ class Tool:
         for err in errors:
             if err.get("type") == "missing":
                 err.pop("input", None)  # the whole argument object, no help to the model
-        parts = []
-        for err in errors[:_ERRORS_IN_MESSAGE]:
-            loc = err.get("loc")
-            where = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else "input"
-            parts.append(f"{where}: {err.get('msg')}")
-        if len(errors) > _ERRORS_IN_MESSAGE:
-            parts.append(f"and {len(errors) - _ERRORS_IN_MESSAGE} more")
-        return InvalidInput(f"invalid input for tool {self.name!r}: {'; '.join(parts)}", errors)
+        return InvalidInput(invalid_input_message(self.name, errors), errors)
 
     def call(self, arguments: dict[str, Any], context: ToolContext | None) -> Any:
         """Call the function with validated `arguments`, injecting `context` where declared.

@@ -2,26 +2,21 @@
 
 clienttools-server --port 8000 --static demo --static build/web --db ledger.sqlite3
 
-For tests only: with ``CLIENTTOOLS_CLOCK_OFFSET_FILE=PATH`` in the environment the
-server's clock (TTL, ledger times, the server_time tool) runs ahead of the wall
-clock by the number of seconds written in PATH, re-read on every reading, so a
-test can make "an hour later" happen to a server process. Timers (tool timeouts,
-pings) keep real time.
+From Python, ``serve(config_from_args([...]), clock=...)`` runs the same server
+on a clock of one's own (a test's).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import uvicorn
 
 from .app import create_app, uvicorn_config
-from .config import ServerConfig
+from .clock import SYSTEM_CLOCK, Clock
+from .config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 
 
 def _positive(text: str) -> float:
@@ -59,11 +54,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--db",
-        metavar="PATH",
-        help="SQLite ledger file that makes runs survive a restart (default: in memory)",
+        metavar="PATH|URL",
+        help="the ledger that makes runs survive a restart: a SQLite file, or a "
+        "postgresql://... URL that several server processes can share (default: in memory)",
     )
     p.add_argument(
-        "--token", help="require ?token=TOKEN on every WebSocket URL (default: no token)"
+        "--token",
+        help="require ?token=TOKEN on every WebSocket URL and 'Authorization: Bearer TOKEN' "
+        "on the /executions routes (default: no token)",
+    )
+    p.add_argument(
+        "--admin-token",
+        metavar="TOKEN",
+        help="also accept 'Authorization: Bearer TOKEN' on the /executions routes, so "
+        "operators need not hold the pages' token; never valid on the WebSocket "
+        "(default: none)",
     )
     p.add_argument(
         "--allow-origin",
@@ -111,6 +116,14 @@ def parser() -> argparse.ArgumentParser:
         help="a paused run expires after this long without progress (default: %(default)s)",
     )
     p.add_argument(
+        "--retention",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="delete a finished run from the ledger this long after it finished (default: "
+        f"{MEMORY_RETENTION:g} without --db, {DB_RETENTION:g} (a week) with it)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=_positive,
         default=defaults.idle_timeout,
@@ -135,6 +148,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         static_dirs=tuple(args.static),
         db=args.db,
         token=args.token,
+        admin_token=args.admin_token,
         allow_origins=tuple(args.allow_origin),
         tool_timeout=args.tool_timeout,
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
@@ -142,35 +156,20 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         model=args.model,
         log_level=args.log_level,
         ttl=args.ttl,
+        retention=args.retention,
         idle_timeout=args.idle_timeout,
     )
 
 
-CLOCK_OFFSET_ENV = "CLIENTTOOLS_CLOCK_OFFSET_FILE"
-
-
-def offset_clock(path: Path) -> Callable[[], float]:
-    """``time.time()`` plus the seconds in ``path`` (0 while it is missing or unreadable)."""
-
-    def now() -> float:
-        try:
-            offset = float(path.read_text() or 0)
-        except (OSError, ValueError):
-            offset = 0.0
-        return time.time() + offset
-
-    return now
+def serve(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Log as ``config`` says and serve until interrupted."""
+    level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.Server(uvicorn_config(create_app(config, clock=clock), config)).run()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = config_from_args(argv)
-    level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    offset_file = os.environ.get(CLOCK_OFFSET_ENV)
-    clock = offset_clock(Path(offset_file)) if offset_file else time.time
-    if offset_file:
-        logging.getLogger(__name__).warning("simulated clock: offset read from %s", offset_file)
-    uvicorn.Server(uvicorn_config(create_app(config, clock=clock), config)).run()
+    serve(config_from_args(argv))
 
 
 if __name__ == "__main__":

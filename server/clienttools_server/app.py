@@ -1,9 +1,11 @@
-"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, static files.
+"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, the pending-call
+routes (``/executions``, see :mod:`clienttools_server.routes`), static files.
 
 config = ServerConfig(port=0)
 app = create_app(config)                       # serve it with uvicorn, or:
 async with running_server(config) as server:   # in-process, on a free port
     url = server.ws_url("chat-1")              # ws://127.0.0.1:PORT/agents/chat/chat-1
+    server.pending.executions(status="paused") # the Python API the HTTP routes call
 """
 
 from __future__ import annotations
@@ -11,34 +13,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.routing import Mount, WebSocketRoute
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
-from .ledger import Ledger, MemoryLedger, SqliteLedger
+from .ledger import Ledger, SqliteLedger
 from .models import Model, create_model
+from .pending import PendingCalls
+from .routes import pending_routes
 from .server_tools import ServerTool, default_server_tools
+from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-class StaticDirs(StaticFiles):
-    """Several directories served at one mount point; the first that has the file wins."""
+
+class StaticDirs:
+    """Several directories served at one mount point; the first that has the file wins.
+
+    One ``StaticFiles`` per directory, asked in order through its public
+    ``get_path`` / ``get_response``: a 404 from one (an exception, or its own
+    ``404.html``) passes the request to the next; the first 404 page found is
+    the answer when none has the file.
+    """
 
     def __init__(self, directories: tuple[str, ...]) -> None:
-        super().__init__(directory=directories[0], html=True)
-        for directory in directories[1:]:
-            StaticFiles(directory=directory)  # raises early for a missing directory
-        self.all_directories = list(directories)
+        if not directories:
+            raise ValueError("StaticDirs needs at least one directory")
+        # StaticFiles raises at once for a missing directory.
+        self._files = [StaticFiles(directory=d, html=True) for d in directories]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._files[0](scope, receive, send)  # refuses a WebSocket as StaticFiles does
+            return
+        not_found: Response | None = None
+        for files in self._files:
+            try:
+                response = await files.get_response(files.get_path(scope), scope)
+            except HTTPException as exc:
+                if exc.status_code != 404:
+                    raise
+                continue
+            if response.status_code != 404:
+                await response(scope, receive, send)
+                return
+            not_found = not_found or response
+        if not_found is None:
+            raise HTTPException(status_code=404)
+        await not_found(scope, receive, send)
 
 
 async def chat_endpoint(websocket: WebSocket) -> None:
@@ -49,7 +85,21 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
     await websocket.accept()
-    await Connection(websocket, websocket.path_params["session"], hub, config).serve()
+    session = websocket.path_params["session"]
+    await Connection(websocket, session, hub, config, hub.clock).serve()
+
+
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        return SqliteLedger(":memory:")
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
 
 
 def create_app(
@@ -57,19 +107,20 @@ def create_app(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
-    """The app for ``config``; ``model`` and ``server_tools`` replace the defaults (tests)."""
+    """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
     chosen_model = model if model is not None else create_model(config.model)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger: Ledger = SqliteLedger(config.db) if config.db is not None else MemoryLedger()
+        ledger = open_ledger(config.db)
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
+        app.state.pending = PendingCalls(hub, ledger)
         hub.start()
         try:
             yield
@@ -77,20 +128,24 @@ def create_app(
             await hub.close()
             ledger.close()
 
-    routes: list[WebSocketRoute | Mount] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes: list[BaseRoute] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    routes += pending_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
-    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too."""
+    """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
+
+    A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    """
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,
         ws_max_size=config.max_frame_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
@@ -124,6 +179,12 @@ class RunningServer:
         hub: Hub = self.app.state.hub
         return hub
 
+    @property
+    def pending(self) -> PendingCalls:
+        """List and settle pending calls: what the ``/executions`` routes call."""
+        pending: PendingCalls = self.app.state.pending
+        return pending
+
 
 @contextlib.asynccontextmanager
 async def running_server(
@@ -131,7 +192,7 @@ async def running_server(
     *,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
     app = create_app(config, model=model, server_tools=server_tools, clock=clock)

@@ -4,8 +4,8 @@ The CLI (``clienttools-server``) builds one from its flags; tests build one
 directly and pass it to :func:`clienttools_server.app.create_app`.
 
     >>> config = ServerConfig(port=0, tool_timeout=2.0, disconnect_policy="fail")
-    >>> config.tool_timeout, config.ttl
-    (2.0, 86400.0)
+    >>> config.tool_timeout, config.ttl, config.finished_retention
+    (2.0, 86400.0, 60.0)
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 
 DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
 
+# How long a finished execution stays in the ledger when ``retention`` is not set.
+# In memory (no --db) nothing outlives the process anyway: a minute covers a page
+# that re-sends a result it already sent. On a ledger file, a week: the record of
+# what happened outlives the chat.
+MEMORY_RETENTION = 60.0
+DB_RETENTION = 7 * 86_400.0
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -26,10 +33,15 @@ class ServerConfig:
     port: int = 8000
     # Directories served at "/", first match wins (``make demo``: demo/ then build/web/).
     static_dirs: tuple[str, ...] = ()
-    # SQLite ledger file; None keeps the ledger in memory (nothing survives a restart).
+    # The ledger: a SQLite file, or a postgresql:// URL that many processes share;
+    # None keeps it in memory (nothing survives a restart).
     db: str | None = None
-    # Required as ``?token=`` on the WebSocket URL when set.
+    # Required as ``?token=`` on the WebSocket URL when set, and accepted as
+    # ``Authorization: Bearer`` by the /executions routes.
     token: str | None = None
+    # Accepted by the /executions routes only (operators, webhooks); never by the WebSocket.
+    # With either token set, every route needs one of them.
+    admin_token: str | None = None
     # Allowed ``Origin`` values; empty means the server's own origin only; "*" allows any.
     allow_origins: tuple[str, ...] = ()
     # S3: default per-call idle timeout and the hard cap on any call.
@@ -43,6 +55,10 @@ class ServerConfig:
     # (or every ttl / 2, when that is shorter).
     ttl: float = 86_400.0
     expiry_interval: float = 60.0
+    # A finished (completed, failed, expired) execution is deleted from the ledger
+    # this long after it finished, by the same loop; None picks MEMORY_RETENTION
+    # without a db and DB_RETENTION with one (see finished_retention).
+    retention: float | None = None
     # S7: a response that ended stays resumable this long for a page that was following it
     # (a resume with lastSequence), so a socket lost just before the end loses no chunk.
     resume_grace: float = 300.0
@@ -70,3 +86,12 @@ class ServerConfig:
             )
         if self.resume_grace < 0:
             raise ValueError("resume_grace must not be negative")
+        if self.retention is not None and self.retention < 0:
+            raise ValueError("retention must not be negative")
+
+    @property
+    def finished_retention(self) -> float:
+        """Seconds a finished execution stays in the ledger."""
+        if self.retention is not None:
+            return self.retention
+        return MEMORY_RETENTION if self.db is None else DB_RETENTION

@@ -10,7 +10,10 @@ writer task, so runs, timers and acks never interleave partial sends.
         await websocket.close(code=1008)
     else:
         await websocket.accept()
-        await Connection(websocket, session, hub, config).serve()
+        await Connection(websocket, session, hub, config, clock).serve()
+
+A connection knows the server only as a :class:`Router` (the hub implements it):
+it hands over each parsed frame and sends what comes back.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import contextlib
 import hmac
 import logging
 import secrets
-import time
 from collections import deque
 from collections.abc import Mapping
+from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -34,6 +37,7 @@ from clienttools.protocol import (
     PingFrame,
     PongFrame,
     ProtocolErrorFrame,
+    ResultAckFrame,
     ResumeFrame,
     SendFrame,
     ToolApprovalFrame,
@@ -45,18 +49,43 @@ from clienttools.protocol import (
     parse_client_frame,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, Timer, sleep
 from .config import ServerConfig
-from .hub import Hub
+from .hub import Client
+from .ledger import LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
 MAX_SESSION_NAME = 256
 
 
 # Frames that show a peer is a page or a chat, not an idle socket (see idle_timeout).
 ENGAGING_FRAMES = (ClientToolsFrame, SendFrame, ResumeFrame)
+
+
+class Router(Protocol):
+    """The server as a connection sees it: where each parsed frame goes."""
+
+    def attach(self, client: Client) -> None: ...
+
+    def detach(self, client: Client) -> None: ...
+
+    def register_tools(self, client: Client, frame: ClientToolsFrame) -> None: ...
+
+    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame: ...
+
+    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None: ...
+
+    def approve(self, client: Client, frame: ToolApprovalFrame) -> None: ...
+
+    def start_run(self, client: Client, frame: SendFrame) -> None: ...
+
+    def resume(self, client: Client, frame: ResumeFrame) -> None: ...
+
+    def abort(self, client: Client, frame: AbortFrame) -> None: ...
 
 
 def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -> bool:
@@ -94,11 +123,21 @@ def admitted(websocket: WebSocket, config: ServerConfig) -> bool:
 class Connection:
     """A live socket as the hub and the proxy see it (a ``Client``)."""
 
-    def __init__(self, websocket: WebSocket, session: str, hub: Hub, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        session: str,
+        hub: Router,
+        config: ServerConfig,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._websocket = websocket
         self._session = session
         self._hub = hub
         self._config = config
+        self._clock = clock
+        self._idle_timer: Timer | None = None
+        self._idle_expired = False
         self._id = secrets.token_hex(8)
         self._client_id: str | None = None
         self._tools: dict[str, ToolSpec] = {}
@@ -151,33 +190,45 @@ class Connection:
         pinger = asyncio.create_task(self._ping())
         self._hub.attach(self)
         close_code: int | None = None
+        reader = asyncio.create_task(self._read())
+        # Until the peer registers tools or speaks chat, it gets idle_timeout seconds in all.
+        self._idle_timer = self._clock.call_later(self._config.idle_timeout, self._idle, reader)
         try:
-            close_code = await self._read()
+            close_code = await reader
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self._idle_expired or (current is not None and current.cancelling()):
+                raise
+            logger.info("closing %s: nothing registered within the idle timeout", self._id)
+            close_code = CLOSE_POLICY_VIOLATION
         finally:
             self._open = False
+            self._engaged()
+            reader.cancel()
             pinger.cancel()
             self._hub.detach(self)
             self._outbox.put_nowait(None)
-            await asyncio.gather(writer, pinger, return_exceptions=True)
+            await asyncio.gather(writer, pinger, reader, return_exceptions=True)
         if close_code is not None:
             # The peer may be gone already; then there is nothing to close.
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self._websocket.close(code=close_code)
 
+    def _idle(self, reader: asyncio.Task[int | None]) -> None:
+        self._idle_timer = None
+        self._idle_expired = True
+        reader.cancel()
+
+    def _engaged(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
     async def _read(self) -> int | None:
         limit = self._config.max_frame_bytes
-        # Until the peer registers tools or speaks chat, it gets idle_timeout seconds in all.
-        idle_deadline: float | None = time.monotonic() + self._config.idle_timeout
         while True:
             try:
-                if idle_deadline is None:
-                    message = await self._websocket.receive()
-                else:
-                    remaining = idle_deadline - time.monotonic()
-                    message = await asyncio.wait_for(self._websocket.receive(), max(remaining, 0))
-            except TimeoutError:
-                logger.info("closing %s: nothing registered within the idle timeout", self._id)
-                return CLOSE_POLICY_VIOLATION
+                message = await self._websocket.receive()
             except (WebSocketDisconnect, RuntimeError, OSError):
                 return None
             if message["type"] == "websocket.disconnect":
@@ -198,9 +249,14 @@ class Connection:
                     return CLOSE_POLICY_VIOLATION
                 continue
             if isinstance(frame, ENGAGING_FRAMES):
-                idle_deadline = None
+                self._engaged()
             try:
                 self._dispatch(frame)
+            except LedgerUnavailable as exc:
+                # Nothing of the frame was recorded, so nothing is acknowledged: the
+                # peer reconnects (C11) and sends it again, the database back or not.
+                logger.warning("closing %s with 1013: %s", self._id, exc)
+                return CLOSE_TRY_AGAIN_LATER
             except Exception:
                 logger.exception("handling a %s frame failed", frame.type)
                 self.send(
@@ -211,7 +267,7 @@ class Connection:
                 )
 
     def _flooded(self) -> bool:
-        now = time.monotonic()
+        now = self._clock.now()
         self._error_times.append(now)
         while self._error_times and self._error_times[0] < now - self._config.flood_window:
             self._error_times.popleft()
@@ -222,9 +278,9 @@ class Connection:
         if isinstance(frame, ClientToolsFrame):
             hub.register_tools(self, frame)
         elif isinstance(frame, ToolResultFrame):
-            self.send(hub.browser.on_result(self, frame))
+            self.send(hub.on_result(self, frame))
         elif isinstance(frame, ToolProgressFrame):
-            hub.browser.on_progress(self, frame)
+            hub.on_progress(self, frame)
         elif isinstance(frame, ToolApprovalFrame):
             hub.approve(self, frame)
         elif isinstance(frame, SendFrame):
@@ -249,5 +305,5 @@ class Connection:
 
     async def _ping(self) -> None:
         while True:
-            await asyncio.sleep(self._config.ping_interval)
-            self.send(PingFrame(t=time.time() * 1000))
+            await sleep(self._clock, self._config.ping_interval)
+            self.send(PingFrame(t=self._clock.now() * 1000))

@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,18 +33,22 @@ from clienttools.protocol import (
     NoActiveFrame,
     ProtocolErrorFrame,
     RejectedTool,
+    ResultAckFrame,
     ResumeFrame,
     SendFrame,
     ToolApprovalFrame,
+    ToolProgressFrame,
+    ToolResultFrame,
     ToolsAckFrame,
     ToolSpec,
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
-from .ledger import Ledger, Outcome, Resolution, Step, canonical_json
+from .ledger import Ledger, Outcome, Resolution, Step
 from .models import JsonObject, Model, ToolCall, ToolDescription
-from .proxy import Approvals, BrowserTools, Peer, StartedCall
+from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .runtime import Run, RunRequest
 from .server_tools import ServerTool
 from .stream import ChunkLog
@@ -100,7 +103,7 @@ class Hub:
         server_tools: Mapping[str, ServerTool],
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -109,14 +112,16 @@ class Hub:
         self.clock = clock
         self.sessions: dict[str, Session] = {}
         self.runs: dict[str, ActiveRun] = {}
-        self.browser = BrowserTools(ledger, config, self.find_peer, durable=durable, clock=clock)
+        self.browser = BrowserTools(
+            ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
+        )
         self.approvals = Approvals(ledger, clock)
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
         # session -> tool name -> the spec a page of the session registered last (S2)
         self.known_tools: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
-        # (session, chat id) -> a response that ended, and when (time.monotonic()):
+        # (session, chat id) -> a response that ended, and when (clock.now()):
         # a page that was following it and lost its socket just before the end
         # still gets the chunks it missed and the end (see resume()).
         self.finished: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
@@ -126,12 +131,13 @@ class Hub:
     def start(self) -> None:
         """Expire what outlived its TTL, resume unfinished runs (S8), start the expiry clock."""
         self.expire_now()
+        self.prune_now()
         for execution in self.ledger.executions(("running", "paused")):
             try:
                 request = RunRequest.from_json(execution.request_json)
             except (ValueError, KeyError, TypeError):
                 self.ledger.set_status(
-                    execution.id, "error", self.clock(), "its request could not be read"
+                    execution.id, "error", self.clock.now(), "its request could not be read"
                 )
                 continue
             logger.info("resuming run %s of session %s", execution.id, execution.session)
@@ -151,21 +157,31 @@ class Hub:
         self._expiry_task = None
 
     def expire_now(self) -> list[str]:
-        expired = self.ledger.expire_paused(self.config.ttl, self.clock())
+        expired = self.ledger.expire_paused(self.config.ttl, self.clock.now())
         if expired:
             logger.info("expired runs: %s", ", ".join(expired))
             self.browser.wake_expired(expired)
             self.approvals.wake_expired(expired)
         return expired
 
+    def prune_now(self) -> int:
+        """Forget finished executions past the retention, and finished responses past grace."""
+        self._prune_finished()
+        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
+        if pruned:
+            logger.debug("pruned %d finished executions", pruned)
+        return pruned
+
     async def _expire_periodically(self) -> None:
-        # A TTL shorter than the check interval would otherwise be overrun by up
-        # to a whole interval (a 1 s TTL checked once a minute).
-        period = min(self.config.expiry_interval, self.config.ttl / 2)
+        # A TTL (or retention) shorter than the check interval would otherwise be
+        # overrun by up to a whole interval (a 1 s TTL checked once a minute).
+        config = self.config
+        period = min(config.expiry_interval, config.ttl / 2, config.finished_retention / 2)
         while True:
-            await asyncio.sleep(period)
+            await sleep(self.clock, period)
             try:
                 self.expire_now()
+                self.prune_now()
             except Exception:
                 logger.exception("expiring runs failed")
 
@@ -186,26 +202,37 @@ class Hub:
         """Settle a pending step with an output and wake its run; never raises.
 
         Anything but a pending step (settled, unknown, too large to store,
-        not JSON) comes back as an Outcome with ``ok`` False.
+        not JSON, breaking the outputSchema recorded with the step) comes back
+        as an Outcome with ``ok`` False, and the ledger is unchanged.
+        """
+        return self.settle(execution_id, seq, Settlement(output=output)).as_outcome()
+
+    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
+        """Settle a pending step with an error and wake its run; never raises."""
+        return self.settle(execution_id, seq, Settlement.failure(code, message)).as_outcome()
+
+    def settle(self, execution_id: str, seq: int, settlement: Settlement) -> Applied:
+        """Settle a pending ``client`` or ``approval`` step from outside; never raises.
+
+        What ``resolve``, ``reject`` and the HTTP routes call. The outcome is
+        ``applied`` (the run wakes up and goes on; a page that had the invoke
+        gets a ``superseded`` cancel and its late result ``stale``),
+        ``duplicate`` (settled already the same way), ``stale`` (settled
+        otherwise, or ``reason`` ``not_found``) or ``invalid``. Only
+        ``applied`` changes the ledger.
         """
         refused = self._not_resolvable(execution_id, seq)
         if refused is not None:
             return refused
-        try:
-            result_json = canonical_json(output)
-        except ValueError as exc:
-            return Outcome(False, "invalid", f"the output is not JSON: {exc}")
-        return self._settled(self.ledger.resolve(execution_id, seq, result_json, self.clock()))
+        step = self.ledger.get_step(execution_id, seq)
+        if step is None:
+            return Applied("stale", "not_found", f"no step {seq} in execution {execution_id}")
+        applied = self.browser.apply(step, settlement, by_page=False)
+        if applied.ok and step.resolution == "approval":
+            self.approvals.wake(execution_id, seq)
+        return applied
 
-    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
-        """Settle a pending step with an error and wake its run; never raises."""
-        refused = self._not_resolvable(execution_id, seq)
-        if refused is not None:
-            return refused
-        error_json = canonical_json({"code": code, "message": message})
-        return self._settled(self.ledger.reject(execution_id, seq, error_json, self.clock()))
-
-    def _not_resolvable(self, execution_id: str, seq: int) -> Outcome | None:
+    def _not_resolvable(self, execution_id: str, seq: int) -> Applied | None:
         # S8 resolves `client` and `approval` entries. A pending `server` step is
         # a model answer or a server tool this process is producing right now:
         # settling it from outside would race the run that owns it.
@@ -219,20 +246,12 @@ class Hub:
             kind = "model"
         else:
             return None
-        return Outcome(
-            False, "invalid",
+        return Applied(
+            "invalid", "invalid",
             f"step {seq} of execution {execution_id} is a {kind} step the server "
             "settles itself; only client and approval steps can be resolved",
             step,
         )  # fmt: skip
-
-    def _settled(self, outcome: Outcome) -> Outcome:
-        if outcome.ok and outcome.step is not None:
-            step = outcome.step
-            woke = self.browser.wake(step.execution_id, step.seq)
-            if not woke:
-                self.approvals.wake(step.execution_id, step.seq)
-        return outcome
 
     # -- connections ------------------------------------------------------------------
 
@@ -294,6 +313,13 @@ class Hub:
         while len(self.known_tools) > MAX_REMEMBERED_SESSIONS:
             self.known_tools.popitem(last=False)
 
+    def tool_spec(self, session: str, name: str) -> ToolSpec | None:
+        """S2: the spec of the session's newest live page that offers the tool, else the
+        remembered one."""
+        peer = self.find_peer(session, name)
+        spec = peer.tool_spec(name) if peer is not None else None
+        return spec if spec is not None else self.remembered_tool(session, name)
+
     def remembered_tool(self, session: str, name: str) -> ToolSpec | None:
         """The spec of a tool some page of the session registered, live or not."""
         known = self.known_tools.get(session)
@@ -309,6 +335,10 @@ class Hub:
         size = json_size(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
         if size > MAX_TOOL_SPEC_BYTES:
             return f"the tool spec is {size:,} bytes; at most {MAX_TOOL_SPEC_BYTES:,} are allowed"
+        if spec.output_schema is not None:
+            problem = self.browser.schemas.problem(spec.output_schema)
+            if problem is not None:
+                return f"the outputSchema is not a valid JSON Schema (Draft 2020-12): {problem}"
         return None
 
     # -- chat -------------------------------------------------------------------------
@@ -325,7 +355,9 @@ class Hub:
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
-            execution = self.ledger.start_execution(client.session, request.to_json(), self.clock())
+            execution = self.ledger.start_execution(
+                client.session, request.to_json(), self.clock.now()
+            )
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -349,7 +381,7 @@ class Hub:
         session.logs[request.chat_id] = log
         run = Run(
             execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
-            log.append, clock=self.clock, max_steps=self.config.max_steps, fresh=fresh,
+            log.append, clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
@@ -373,11 +405,11 @@ class Hub:
     def _keep_finished(self, session_name: str, log: ChunkLog) -> None:
         key = (session_name, log.chat_id)
         self.finished.pop(key, None)
-        self.finished[key] = (log, time.monotonic())
+        self.finished[key] = (log, self.clock.now())
         self._prune_finished()
 
     def _prune_finished(self) -> None:
-        cutoff = time.monotonic() - self.config.resume_grace
+        cutoff = self.clock.now() - self.config.resume_grace
         while self.finished:
             key, (_, ended) = next(iter(self.finished.items()))
             if ended >= cutoff and len(self.finished) <= MAX_FINISHED_RESPONSES:
@@ -411,6 +443,12 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+
+    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
+        return self.browser.on_result(client, frame)
+
+    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
+        self.browser.on_progress(client, frame)
 
     def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
         problem = self.approvals.on_approval(client, frame)

@@ -8,10 +8,14 @@ re-runs an unfinished execution and asks for the record at each ``seq``:
 recorded steps give back their results, and a step that asks for something
 else than what was recorded is a :class:`Divergence`.
 
-Two implementations behave the same: :class:`SqliteLedger` (durable; each
-write is its own committed transaction, or part of one ``batch()``) and
-:class:`MemoryLedger` (dicts only, for "ledger off" and as a reference in
-tests). The caller owns the clock: every write takes ``now`` in seconds.
+:class:`SqliteLedger` implements the :class:`Ledger` protocol: on a file it is
+durable (each write is its own committed transaction, or part of one
+``batch()``); on ``":memory:"`` it is the ledger of a server without ``--db``.
+The caller owns the clock: every write takes ``now`` in seconds.
+
+Nothing finished is kept forever: :meth:`Ledger.prune_finished` deletes the
+executions (and their steps) that finished longer than a retention ago; the
+server calls it from its expiry loop.
 
 Example::
 
@@ -60,7 +64,7 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 
 # How much of a recorded or asked-for input a Divergence message quotes.
 _QUOTE_CHARS = 200
@@ -128,6 +132,14 @@ class LedgerClosed(RuntimeError):
     """The ledger was used after :meth:`Ledger.close`."""
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database could not be reached; nothing of the call was written.
+
+    Only a store on a server (PostgreSQL) raises it. A peer whose frame met it
+    gets nothing acknowledged, so it sends the frame again once it reconnects.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One run: what started it and where it stands."""
@@ -165,6 +177,9 @@ class Step:
     attempts: int
     created_at: float
     updated_at: float
+    # Canonical JSON of the tool spec the call was made with (a ``client`` step),
+    # so its outputSchema is checked the same way after a restart; None otherwise.
+    spec_json: str | None = None
 
     def result(self) -> object:
         """The recorded output; ValueError if the step was not applied."""
@@ -180,6 +195,12 @@ class Step:
         if self.error_json is None:
             return None
         return cast("dict[str, object]", json.loads(self.error_json))
+
+    def spec(self) -> dict[str, object] | None:
+        """The recorded tool spec (wire field names: ``outputSchema``, ...), or None."""
+        if self.spec_json is None:
+            return None
+        return cast("dict[str, object]", json.loads(self.spec_json))
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +361,7 @@ def _closing_error(status: ExecutionStatus, ttl: float | None = None) -> tuple[S
 
 
 class Ledger(Protocol):
-    """What the runtime calls; :class:`SqliteLedger` and :class:`MemoryLedger` implement it."""
+    """What the runtime calls; :class:`SqliteLedger` implements it."""
 
     def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
 
@@ -387,7 +408,17 @@ class Ledger(Protocol):
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int: ...
 
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None: ...
+
     def expire_paused(self, ttl: float, now: float) -> list[str]: ...
+
+    def prune_finished(self, retention: float, now: float) -> int:
+        """Delete finished executions (and their steps) last changed before ``now - retention``.
+
+        Returns how many executions were deleted. Running and paused ones are
+        never touched, however old.
+        """
+        ...
 
     def close(self) -> None: ...
 
@@ -422,6 +453,7 @@ CREATE TABLE steps (
     attempts     INTEGER NOT NULL DEFAULT 0,
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL,
+    spec_json    TEXT,
     PRIMARY KEY (execution_id, seq)
 );
 -- Only pending steps are ever searched by state, and they are few.
@@ -432,12 +464,18 @@ CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT N
 _EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
-    "error_json, request_id, attempts, created_at, updated_at"
+    "error_json, request_id, attempts, created_at, updated_at, spec_json"
+)
+# Schema changes after version 1, applied in order to an older file: version N+1's
+# statements are _MIGRATIONS[N - 1].
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 2: the tool spec a client call was made with, for the outputSchema after a restart.
+    ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
 )
 
 
 _INSERT_STEP = (
-    f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (execution_id, seq) DO NOTHING"
 )
 _TOUCH_EXECUTION = "UPDATE executions SET updated_at = ? WHERE id = ?"
@@ -489,14 +527,19 @@ class SqliteLedger:
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version == _SCHEMA_VERSION:
                 return
-            if version != 0:
+            if not 0 <= version < _SCHEMA_VERSION:
                 raise RuntimeError(
                     f"ledger schema version {version} is not supported "
                     f"(this code knows version {_SCHEMA_VERSION})"
                 )
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+            if version == 0:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            else:
+                for statements in _MIGRATIONS[version - 1 :]:
+                    for statement in statements:
+                        db.execute(statement)
             db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     @property
@@ -672,6 +715,18 @@ class SqliteLedger:
                 self._settle_pending(db, execution_id, "expired", now, ttl)
         return expired
 
+    def prune_finished(self, retention: float, now: float) -> int:
+        if retention < 0:
+            raise ValueError(f"retention must not be negative, not {retention}")
+        finished = ", ".join(f"'{status}'" for status in sorted(FINISHED_STATUSES))
+        with self._write() as db:
+            # The steps go with their execution (ON DELETE CASCADE).
+            deleted = db.execute(
+                f"DELETE FROM executions WHERE status IN ({finished}) AND updated_at < ?",
+                (now - retention,),
+            ).rowcount
+        return int(deleted)
+
     # steps
 
     def record_step(
@@ -692,7 +747,7 @@ class SqliteLedger:
         state, stored_result = _prepare_recorded_result(result_json)
         values = (
             execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now,
+            stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
         with self._write() as db:
             try:
@@ -798,225 +853,13 @@ class SqliteLedger:
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(row[0])
 
-
-# --------------------------------------------------------------------------- memory
-
-
-class MemoryLedger:
-    """The same ledger in dicts: nothing survives the process."""
-
-    def __init__(self) -> None:
-        self._executions: dict[str, Execution] = {}
-        # execution id -> seq -> step
-        self._steps: dict[str, dict[int, Step]] = {}
-        self._closed = False
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise LedgerClosed("the ledger is closed")
-
-    def __enter__(self) -> MemoryLedger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closed = True
-
-    def batch(self) -> contextlib.AbstractContextManager[None]:
-        """Nothing to group: every change is visible (and lost with the process) at once."""
-        return contextlib.nullcontext()
-
-    # executions
-
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
-        self._check_open()
-        _canonicalize(request_json)
-        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
-        self._executions[execution.id] = execution
-        self._steps[execution.id] = {}
-        return execution
-
-    def get_execution(self, execution_id: str) -> Execution | None:
-        self._check_open()
-        return self._executions.get(execution_id)
-
-    def executions(
-        self,
-        statuses: Collection[ExecutionStatus] | None = None,
-        session: str | None = None,
-    ) -> list[Execution]:
-        self._check_open()
-        _check_statuses(statuses)
-        found = [
-            execution
-            for execution in self._executions.values()
-            if (statuses is None or execution.status in statuses)
-            and (session is None or execution.session == session)
-        ]
-        return sorted(found, key=lambda execution: (execution.created_at, execution.id))
-
-    def _execution(self, execution_id: str) -> Execution:
-        self._check_open()
-        execution = self._executions.get(execution_id)
-        if execution is None:
-            raise UnknownExecution(f"no execution {execution_id}")
-        return execution
-
-    def set_status(
-        self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
-    ) -> None:
-        execution = self._execution(execution_id)
-        _check_transition(execution, status)
-        if execution.finished:
-            return
-        self._executions[execution_id] = dataclasses.replace(
-            execution, status=status, error=error, updated_at=now
-        )
-        if status in FINISHED_STATUSES:
-            self._settle_pending(execution_id, status, now, ttl=None)
-
-    def _settle_pending(
-        self, execution_id: str, status: ExecutionStatus, now: float, ttl: float | None
-    ) -> None:
-        state, error_json = _closing_error(status, ttl)
-        steps = self._steps[execution_id]
-        for seq, step in steps.items():
-            if step.state == "pending":
-                steps[seq] = dataclasses.replace(
-                    step, state=state, error_json=error_json, updated_at=now
-                )
-
-    def expire_paused(self, ttl: float, now: float) -> list[str]:
-        self._check_open()
-        cutoff = now - ttl
-        expired = [
-            execution.id
-            for execution in self.executions(("paused", "running"))
-            if execution.updated_at < cutoff
-            and (
-                execution.status == "paused"
-                or any(step.state == "pending" for step in self._steps[execution.id].values())
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+        """Record the tool spec of a step once (the first stays); the step, None if missing."""
+        canonical = _canonicalize(spec_json)
+        with self._write() as db:
+            db.execute(
+                "UPDATE steps SET spec_json = ? "
+                "WHERE execution_id = ? AND seq = ? AND spec_json IS NULL",
+                (canonical, execution_id, seq),
             )
-        ]
-        for execution_id in expired:
-            self._executions[execution_id] = dataclasses.replace(
-                self._executions[execution_id],
-                status="expired",
-                error=f"expired after {ttl:g} s without progress",
-                updated_at=now,
-            )
-            self._settle_pending(execution_id, "expired", now, ttl)
-        return expired
-
-    # steps
-
-    def record_step(
-        self,
-        execution_id: str,
-        seq: int,
-        kind: StepKind,
-        name: str,
-        input_json: str,
-        resolution: Resolution,
-        now: float,
-        request_id: str | None = None,
-        result_json: str | None = None,
-    ) -> Step:
-        self._check_open()
-        if seq < 0:
-            raise ValueError(f"seq must be >= 0, not {seq}")
-        canonical_input = _prepare_input(name, input_json)
-        state, stored_result = _prepare_recorded_result(result_json)
-        execution = self._execution(execution_id)
-        existing = self._steps[execution_id].get(seq)
-        if existing is not None:
-            check_replay(existing, kind, name, canonical_input)
-            return existing
-        step = Step(
-            execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now,
-        )  # fmt: skip
-        self._steps[execution_id][seq] = step
-        self._executions[execution_id] = dataclasses.replace(execution, updated_at=now)
-        return step
-
-    def get_step(self, execution_id: str, seq: int) -> Step | None:
-        self._check_open()
-        return self._steps.get(execution_id, {}).get(seq)
-
-    def step_by_request_id(self, request_id: str) -> Step | None:
-        self._check_open()
-        found = [
-            step
-            for steps in self._steps.values()
-            for step in steps.values()
-            if step.request_id == request_id
-        ]
-        return min(found, key=lambda step: step.created_at, default=None)
-
-    def steps(self, execution_id: str) -> list[Step]:
-        self._check_open()
-        return sorted(self._steps.get(execution_id, {}).values(), key=lambda step: step.seq)
-
-    def pending_steps(
-        self, session: str | None = None, resolution: Resolution | None = None
-    ) -> list[Step]:
-        self._check_open()
-        found = [
-            step
-            for execution in self._executions.values()
-            if not execution.finished and (session is None or execution.session == session)
-            for step in self._steps[execution.id].values()
-            if step.state == "pending" and (resolution is None or step.resolution == resolution)
-        ]
-        return sorted(found, key=lambda step: (step.created_at, step.execution_id, step.seq))
-
-    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
-        self._check_open()
-        step = self.get_step(execution_id, seq)
-        refusal = _refusal(step, execution_id, seq)
-        if refusal is not None:
-            return refusal
-        assert step is not None
-        prepared = _prepare_result(result_json)
-        if isinstance(prepared, Outcome):
-            return dataclasses.replace(prepared, step=step)
-        settled = dataclasses.replace(step, state="applied", result_json=prepared, updated_at=now)
-        return self._store_settled(settled, now)
-
-    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
-        self._check_open()
-        step = self.get_step(execution_id, seq)
-        refusal = _refusal(step, execution_id, seq)
-        if refusal is not None:
-            return refusal
-        assert step is not None
-        prepared = _prepare_error(error_json)
-        if isinstance(prepared, Outcome):
-            return dataclasses.replace(prepared, step=step)
-        settled = dataclasses.replace(step, state="error", error_json=prepared, updated_at=now)
-        return self._store_settled(settled, now)
-
-    def _store_settled(self, settled: Step, now: float) -> Outcome:
-        execution_id, seq = settled.execution_id, settled.seq
-        self._steps[execution_id][seq] = settled
-        self._executions[execution_id] = dataclasses.replace(
-            self._executions[execution_id], updated_at=now
-        )
-        return Outcome(True, "applied", f"step {seq} of execution {execution_id} settled", settled)
-
-    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
-        self._check_open()
-        step = self.get_step(execution_id, seq)
-        if step is None:
-            raise UnknownStep(f"no step {seq} in execution {execution_id}")
-        updated = dataclasses.replace(step, attempts=step.attempts + 1, updated_at=now)
-        self._steps[execution_id][seq] = updated
-        return updated.attempts
+            return self._step_in(db, execution_id, seq)

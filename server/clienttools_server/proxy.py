@@ -9,19 +9,28 @@ first valid result, a timeout, an abort, a disconnect (policy ``fail``) or
 expiry. Every result frame gets an ack: ``applied``, ``duplicate``, ``stale``
 or ``invalid``. Nothing here raises on bad peer input.
 
+A call's lifecycle in this process is the table ``CALL_TRANSITIONS``
+(``CallState`` x ``CallEvent``); ``LATE_RESULT`` says what a result that
+comes after the call was settled gets. Every result, whatever its source (the
+page the invoke went to, a page re-sending to a restarted server, a resolve
+from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
+which checks it against the outputSchema recorded with the ledger step.
+
     tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
     await tools.call("chat-1", step, call)     # returns once the step is settled
     peer.send(tools.on_result(peer, frame))    # the ack for a result frame
+    tools.apply(step, Settlement(output=3), by_page=False).outcome   # "applied"
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol, cast
 
 from pydantic import JsonValue
 
@@ -39,16 +48,89 @@ from clienttools.protocol import (
     json_size,
 )
 
+from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
-from .ledger import Ledger, Step, canonical_json
+from .ledger import Ledger, Outcome, OutcomeReason, Step, canonical_json
 from .models import ToolCall
-from .schema import schema_errors
+from .schema import OutputSchemas
 
 logger = logging.getLogger(__name__)
 
 # Error codes a call gets when the server settles it without a result; a late
 # result for such a call is `stale`, for any other settled call `duplicate`.
 _SETTLED_WITHOUT_RESULT = frozenset({"timeout", "cancelled", "disconnected", "expired", "denied"})
+# Request ids of calls settled from outside, remembered after their entry is gone
+# so the page's late result is `stale` (not `duplicate`); the oldest go first.
+MAX_SUPERSEDED = 10_000
+
+
+class CallState(enum.Enum):
+    """Where one pending browser call stands in this process."""
+
+    # Delivered by an earlier process (a restart): the page that has it is
+    # unknown here, so a result from any page of its session is taken.
+    ORPHANED = "orphaned"
+    # No live page has the invoke; it goes to the next one that registers the tool.
+    WAITING = "waiting"
+    # The invoke went to ``target``.
+    DELIVERED = "delivered"
+    # Settled by a page's result (an output or a tool error): a later result is `duplicate`.
+    APPLIED = "applied"
+    # Settled from outside (Hub.resolve, the HTTP routes): the page's result is `stale`.
+    SUPERSEDED = "superseded"
+    # Settled by the server (timeout, abort, disconnect, expiry): a later result is `stale`.
+    CLOSED = "closed"
+
+
+class CallEvent(enum.Enum):
+    DELIVER = "deliver"  # an invoke goes to a page
+    NO_PAGE = "no_page"  # no live page offers the tool: wait for one
+    RESULT = "result"  # a page's result was recorded
+    OUTSIDE = "outside"  # the ledger step was settled from outside
+    SERVER = "server"  # the server settled it without a result
+
+
+_SETTLING = {
+    CallEvent.RESULT: CallState.APPLIED,
+    CallEvent.OUTSIDE: CallState.SUPERSEDED,
+    CallEvent.SERVER: CallState.CLOSED,
+}
+CALL_TRANSITIONS: dict[CallState, dict[CallEvent, CallState]] = {
+    CallState.ORPHANED: {
+        CallEvent.DELIVER: CallState.DELIVERED,
+        CallEvent.NO_PAGE: CallState.ORPHANED,
+        **_SETTLING,
+    },
+    CallState.WAITING: {
+        CallEvent.DELIVER: CallState.DELIVERED,
+        CallEvent.NO_PAGE: CallState.WAITING,
+        **_SETTLING,
+    },
+    CallState.DELIVERED: {
+        CallEvent.DELIVER: CallState.DELIVERED,  # re-delivered (S4 wait, a new registration)
+        CallEvent.NO_PAGE: CallState.WAITING,
+        **_SETTLING,
+    },
+    CallState.APPLIED: {},
+    CallState.SUPERSEDED: {},
+    CallState.CLOSED: {},
+}
+# The ack of a result for a call that was settled already, by how it was settled.
+LATE_RESULT: dict[CallState, AckOutcome] = {
+    CallState.APPLIED: "duplicate",
+    CallState.SUPERSEDED: "stale",
+    CallState.CLOSED: "stale",
+}
+
+
+def next_call_state(state: CallState, event: CallEvent) -> CallState:
+    """The state ``event`` leads to; RuntimeError for a step the table does not list."""
+    try:
+        return CALL_TRANSITIONS[state][event]
+    except KeyError:
+        raise RuntimeError(
+            f"a call in state {state.value!r} cannot take event {event.value!r}"
+        ) from None
 
 
 class Peer(Protocol):
@@ -82,25 +164,71 @@ class PendingCall:
     session: str
     call: ToolCall
     future: asyncio.Future[None]
+    state: CallState = CallState.WAITING
+    # The page the invoke went to last, and its clientId (kept while it waits again).
     target: Peer | None = None
     client_id: str | None = None
+    # The spec of the delivering page (its timeoutMs).
     spec: ToolSpec | None = None
     attempt: int = 0
     idle_timeout: float = 0.0
     last_progress: float | None = None
-    idle_timer: asyncio.TimerHandle | None = None
-    hard_timer: asyncio.TimerHandle | None = None
-    settled_by: Literal["result", "server"] | None = None
+    idle_timer: Timer | None = None
+    hard_timer: Timer | None = None
     # The step as this proxy's resolve or reject left it, so the run need not read it back.
     settled_step: Step | None = None
     # Someone waits for it (BrowserTools._wait ran).
     awaited: bool = False
-    # Delivered by an earlier process (a restart): the page it went to is unknown here.
-    delivered_before: bool = False
+    # The outputSchema its results are checked against: the spec recorded with
+    # the step (the one the call was made with), so the same after a restart.
+    output_schema: dict[str, JsonValue] | None = None
+    spec_recorded: bool = False
 
     @property
     def timers(self) -> int:
         return (self.idle_timer is not None) + (self.hard_timer is not None)
+
+    @property
+    def settled(self) -> bool:
+        return not CALL_TRANSITIONS[self.state]
+
+    def move(self, event: CallEvent) -> None:
+        self.state = next_call_state(self.state, event)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What settles a step: an ``output``, or an ``error`` ({"code", "message", "data"?})."""
+
+    output: JsonValue = None
+    error: dict[str, JsonValue] | None = None
+
+    @classmethod
+    def failure(cls, code: str, message: str) -> Settlement:
+        return cls(error={"code": code, "message": message})
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying a settlement did: the ack outcome, why, and the step as it stands after.
+
+    ``reason`` is the ledger's word for it (``applied``, ``not_found``,
+    ``not_pending``, ``too_large``, ``invalid``), as :class:`Outcome` has it.
+    """
+
+    outcome: AckOutcome
+    reason: OutcomeReason
+    message: str | None = None
+    step: Step | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "applied"
+
+    def as_outcome(self) -> Outcome:
+        """As the ledger's :class:`Outcome` (what ``Hub.resolve`` returns)."""
+        message = self.message or ("applied" if self.ok else self.outcome)
+        return Outcome(self.ok, self.reason, message, self.step)
 
 
 @dataclass(eq=False, slots=True)
@@ -136,6 +264,26 @@ def _error_json(code: str, message: str, data: JsonValue = None) -> str:
     return canonical_json(error)
 
 
+def _settlement(frame: ToolResultFrame) -> Settlement:
+    if frame.error is not None:
+        return Settlement(error=frame.error.model_dump(mode="json", exclude_none=True))
+    return Settlement(output=frame.output)
+
+
+def _recorded_schema(step: Step) -> dict[str, JsonValue] | None:
+    """The outputSchema of the spec recorded with the step, if any."""
+    spec = step.spec()
+    schema = spec.get("outputSchema") if spec is not None else None
+    return cast("dict[str, JsonValue]", schema) if isinstance(schema, dict) else None
+
+
+FindSpec = Callable[[str, str], ToolSpec | None]
+
+
+def _no_spec(session: str, name: str) -> ToolSpec | None:
+    return None
+
+
 class BrowserTools:
     """The pending map of browser tool calls of one server."""
 
@@ -146,14 +294,21 @@ class BrowserTools:
         find_peer: FindPeer,
         *,
         durable: bool,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
+        find_spec: FindSpec = _no_spec,
+        schemas: OutputSchemas | None = None,
     ) -> None:
         self.ledger = ledger
         self.config = config
         self.find_peer = find_peer
+        # The spec of a tool the session knows (a live page's, else a remembered one):
+        # recorded with each call, so its outputSchema holds after a restart too.
+        self.find_spec = find_spec
+        self.schemas = schemas if schemas is not None else OutputSchemas()
         self.durable = durable
         self.clock = clock
         self.pending: dict[str, PendingCall] = {}
+        self.superseded: OrderedDict[str, None] = OrderedDict()
         self.shutting_down = False
 
     @property
@@ -174,7 +329,7 @@ class BrowserTools:
             # Settled between the run's planning and this call (Hub.resolve, an
             # outbox result after a restart, expiry): nothing to deliver.
             return fresh
-        return await self.start(session, step, call).wait()
+        return await self.start(session, fresh, call).wait()
 
     def _check_new(self, step: Step) -> None:
         if step.request_id is None:
@@ -194,15 +349,33 @@ class BrowserTools:
         assert step.request_id is not None
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
-            asyncio.get_running_loop().create_future(), delivered_before=step.attempts > 0,
+            asyncio.get_running_loop().create_future(),
+            state=CallState.ORPHANED if step.attempts > 0 else CallState.WAITING,
         )  # fmt: skip
         self.pending[entry.request_id] = entry
         try:
+            self._record_spec(entry, step)
             self._deliver(entry)
         except BaseException:
             self._release(entry)
             raise
         return StartedCall(self, entry)
+
+    def _record_spec(
+        self, entry: PendingCall, step: Step | None, spec: ToolSpec | None = None
+    ) -> None:
+        """Take the step's recorded spec, or record the one the session knows now."""
+        if step is not None and step.spec_json is not None:
+            entry.output_schema = _recorded_schema(step)
+            entry.spec_recorded = True
+            return
+        spec = spec if spec is not None else self.find_spec(entry.session, entry.call.tool_name)
+        if spec is None:
+            return
+        wire = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.ledger.record_spec(entry.execution_id, entry.seq, canonical_json(wire))
+        entry.output_schema = spec.output_schema
+        entry.spec_recorded = True
 
     async def _wait(self, entry: PendingCall) -> Step | None:
         entry.awaited = True
@@ -210,7 +383,7 @@ class BrowserTools:
             await entry.future
             return entry.settled_step
         except asyncio.CancelledError:
-            if entry.settled_by is None:
+            if not entry.settled:
                 self._on_cancelled(entry)
             raise
         finally:
@@ -220,7 +393,7 @@ class BrowserTools:
         # Its waiter was cancelled before it ran: settle it as _wait would have.
         if entry.awaited or self.pending.get(entry.request_id) is not entry:
             return
-        if entry.settled_by is None:
+        if not entry.settled:
             self._on_cancelled(entry)
         self._release(entry)
 
@@ -238,11 +411,11 @@ class BrowserTools:
                 self._send_cancel(entry, "shutdown")
             return
         self._send_cancel(entry, "aborted")
-        entry.settled_by = "server"
+        entry.move(CallEvent.SERVER)
         self.ledger.reject(
             entry.execution_id, entry.seq,
             _error_json("cancelled", "the response was aborted before this call finished"),
-            self.clock(),
+            self.clock.now(),
         )  # fmt: skip
 
     def _send_cancel(self, entry: PendingCall, reason: CancelReason) -> None:
@@ -253,8 +426,11 @@ class BrowserTools:
         peer = self.find_peer(entry.session, entry.call.tool_name)
         if peer is None:
             entry.target = None  # waits for the next connection that registers the tool
+            entry.move(CallEvent.NO_PAGE)
             return
         spec = peer.tool_spec(entry.call.tool_name)
+        if not entry.spec_recorded:
+            self._record_spec(entry, None, spec)
         wanted = (
             spec.timeout_ms / 1000
             if spec is not None and spec.timeout_ms
@@ -262,8 +438,9 @@ class BrowserTools:
         )
         entry.idle_timeout = min(wanted, self.config.max_tool_timeout)
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
+        entry.move(CallEvent.DELIVER)
         entry.last_progress = None
-        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock())
+        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock.now())
         peer.send(
             InvokeFrame(
                 request_id=entry.request_id,
@@ -276,10 +453,11 @@ class BrowserTools:
                 attempt=entry.attempt,
             )
         )
-        loop = asyncio.get_running_loop()
         self._stop_timers(entry)
-        entry.idle_timer = loop.call_later(entry.idle_timeout, self._time_out, entry)
-        entry.hard_timer = loop.call_later(self.config.max_tool_timeout, self._time_out, entry)
+        entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
+        entry.hard_timer = self.clock.call_later(
+            self.config.max_tool_timeout, self._time_out, entry
+        )
 
     @staticmethod
     def _stop_timers(entry: PendingCall) -> None:
@@ -289,65 +467,174 @@ class BrowserTools:
         entry.idle_timer = entry.hard_timer = None
 
     def _time_out(self, entry: PendingCall) -> None:
-        if entry.settled_by is not None:
+        if entry.settled:
             return
         self._send_cancel(entry, "timeout")
         limit = entry.idle_timeout
-        self._settle(
-            entry, "server", None,
+        self._close(
+            entry,
             _error_json(
                 "timeout",
                 f"the tool {entry.call.tool_name!r} ran past its time limit "
                 f"({limit:g} s without progress, at most {self.config.max_tool_timeout:g} s) "
                 "and was cancelled",
             ),
-        )  # fmt: skip
+        )
 
-    def _settle(
-        self,
-        entry: PendingCall,
-        by: Literal["result", "server"],
-        result_json: str | None,
-        error_json: str | None,
-    ) -> bool:
-        """Record the outcome and wake the run; False when the ledger refused the result."""
-        entry.settled_by = by
+    def _close(self, entry: PendingCall, error_json: str | None) -> None:
+        """The server settles the call without a result (None: the ledger already did)."""
+        entry.move(CallEvent.SERVER)
         self._stop_timers(entry)
-        now = self.clock()
-        stored = True
-        if result_json is not None:
-            outcome = self.ledger.resolve(entry.execution_id, entry.seq, result_json, now)
-            if not outcome.ok:
-                # Over the stored-size limit: the model reads why instead.
-                stored = False
-                outcome = self.ledger.reject(
-                    entry.execution_id, entry.seq, _error_json("output_too_large", outcome.message),
-                    now,
-                )  # fmt: skip
-        elif error_json is not None:
-            outcome = self.ledger.reject(entry.execution_id, entry.seq, error_json, now)
-        else:
-            outcome = None
-        if outcome is not None and outcome.ok:
-            entry.settled_step = outcome.step
+        if error_json is not None:
+            outcome = self.ledger.reject(
+                entry.execution_id, entry.seq, error_json, self.clock.now()
+            )
+            if outcome.ok:
+                entry.settled_step = outcome.step
         if not entry.future.done():
             entry.future.set_result(None)
-        return stored
+
+    def _settled(self, entry: PendingCall, step: Step | None, event: CallEvent) -> None:
+        """The ledger step of a live entry was settled by ``event``: wake its run."""
+        if entry.settled:
+            return
+        if event is CallEvent.OUTSIDE:
+            self._send_cancel(entry, "superseded")
+        entry.move(event)
+        self._stop_timers(entry)
+        entry.settled_step = step
+        if not entry.future.done():
+            entry.future.set_result(None)
+
+    def _entry_of(self, step: Step) -> PendingCall | None:
+        entry = self.pending.get(step.request_id) if step.request_id is not None else None
+        if entry is None or (entry.execution_id, entry.seq) != (step.execution_id, step.seq):
+            return None
+        return entry
+
+    def _remember_superseded(self, request_id: str | None) -> None:
+        if request_id is None:
+            return
+        self.superseded[request_id] = None
+        self.superseded.move_to_end(request_id)
+        while len(self.superseded) > MAX_SUPERSEDED:
+            self.superseded.popitem(last=False)
+
+    # -- applying a result: the one path for every source -------------------------------
+
+    def apply(self, step: Step, settlement: Settlement, *, by_page: bool) -> Applied:
+        """Apply ``settlement`` to ``step``: the one path every result takes.
+
+        A page's result (live, or re-delivered to a restarted server) comes
+        with ``by_page``; a resolve from outside (``Hub.resolve``, the HTTP
+        routes) without. Each gets the same checks: the step must be pending,
+        an output must fit the size limit and the outputSchema recorded with
+        the step (compiled once, by jsonschema). A page's refused output
+        settles the step with the error the model then reads
+        (``invalid_output``, ``output_too_large``); a refused resolve from
+        outside changes nothing. On ``applied`` the run waiting for the step
+        wakes up, and a page that had the invoke of a call settled from
+        outside gets a ``superseded`` cancel.
+        """
+        entry = self._entry_of(step)
+        if step.state != "pending":
+            return self._late(step, settlement, by_page=by_page, entry=entry)
+        now = self.clock.now()
+        if settlement.error is None:
+            problem = self._check_output(settlement.output, step, entry)
+            if problem is not None:
+                code, message = problem
+                if by_page:
+                    self._refused_by_page(step, entry, _error_json(code, message))
+                reason: OutcomeReason = "too_large" if code == "output_too_large" else "invalid"
+                return Applied("invalid", reason, message, step)
+            try:
+                result_json = canonical_json(settlement.output)
+            except ValueError as exc:
+                return Applied("invalid", "invalid", f"the output is not JSON: {exc}", step)
+            outcome = self.ledger.resolve(step.execution_id, step.seq, result_json, now)
+        else:
+            try:
+                error_json = canonical_json(settlement.error)
+            except ValueError as exc:
+                return Applied("invalid", "invalid", f"the error is not JSON: {exc}", step)
+            outcome = self.ledger.reject(step.execution_id, step.seq, error_json, now)
+        if not outcome.ok:
+            if outcome.reason == "not_pending" and outcome.step is not None:
+                return self._late(outcome.step, settlement, by_page=by_page, entry=entry)
+            if outcome.reason == "not_found":
+                return Applied("stale", "not_found", outcome.message)
+            if by_page and settlement.error is None:
+                # Over the stored-size limit: the model reads why instead.
+                self._refused_by_page(step, entry, _error_json("output_too_large", outcome.message))
+                return Applied("invalid", outcome.reason, "the result is too large to be stored")
+            return Applied("invalid", outcome.reason, outcome.message, outcome.step)
+        if not by_page:
+            self._remember_superseded(step.request_id)
+        if entry is not None:
+            self._settled(entry, outcome.step, CallEvent.RESULT if by_page else CallEvent.OUTSIDE)
+        return Applied("applied", "applied", outcome.message, outcome.step)
+
+    def _refused_by_page(self, step: Step, entry: PendingCall | None, error_json: str) -> None:
+        outcome = self.ledger.reject(step.execution_id, step.seq, error_json, self.clock.now())
+        if outcome.ok and entry is not None:
+            self._settled(entry, outcome.step, CallEvent.RESULT)
+
+    def _late(
+        self,
+        step: Step,
+        settlement: Settlement,
+        *,
+        by_page: bool,
+        entry: PendingCall | None,
+    ) -> Applied:
+        """The outcome for a step settled already: `duplicate` if settled this way, else `stale`."""
+        message = f"step {step.seq} of execution {step.execution_id} is already {step.state}"
+        by_server = _settled_by_server(step)
+        if by_page:
+            if entry is not None and entry.settled:
+                stale = LATE_RESULT[entry.state] == "stale"
+            else:
+                stale = by_server or step.request_id in self.superseded
+        else:
+            # From outside, "this way" is the same kind of answer: an output
+            # after an output, an error after an error that was not the server's.
+            same_kind = (step.state == "applied") == (settlement.error is None)
+            stale = by_server or not same_kind
+        return Applied("stale" if stale else "duplicate", "not_pending", message, step)
+
+    def _check_output(
+        self, output: JsonValue, step: Step, entry: PendingCall | None
+    ) -> tuple[str, str] | None:
+        try:
+            size = json_size(output)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return "invalid_output", f"the output is not JSON: {exc}"
+        if size > self.config.max_result_bytes:
+            return (
+                "output_too_large",
+                f"the result is {size:,} bytes as JSON; the limit is "
+                f"{self.config.max_result_bytes:,} bytes",
+            )
+        schema = entry.output_schema if entry is not None else _recorded_schema(step)
+        if schema is not None:
+            errors = self.schemas.errors(schema, output)
+            if errors:
+                return "invalid_output", "the result does not match outputSchema: " + "; ".join(
+                    errors
+                )
+        return None
 
     def wake(self, execution_id: str, seq: int) -> bool:
-        """The ledger step was settled from outside (``Hub.resolve``); release its call."""
+        """The ledger step was settled from outside this proxy; release its call.
+
+        ``Hub.resolve`` goes through :meth:`apply`, which does this itself;
+        this is for a step settled in the ledger directly.
+        """
         for entry in self.pending.values():
-            if (entry.execution_id, entry.seq) == (execution_id, seq) and entry.settled_by is None:
-                self._send_cancel(entry, "superseded")
-                # The page's late result gets the ack it would get once this entry
-                # is gone and only the ledger answers (_result_without_entry):
-                # `duplicate` after an output or a tool error, `stale` after an
-                # error the server settles calls with (expired, cancelled, ...).
-                step = self.ledger.get_step(execution_id, seq)
-                entry.settled_by = "server" if _settled_by_server(step) else "result"
-                self._stop_timers(entry)
-                if not entry.future.done():
-                    entry.future.set_result(None)
+            if (entry.execution_id, entry.seq) == (execution_id, seq) and not entry.settled:
+                self._remember_superseded(entry.request_id)
+                self._settled(entry, self.ledger.get_step(execution_id, seq), CallEvent.OUTSIDE)
                 return True
         return False
 
@@ -358,55 +645,43 @@ class BrowserTools:
         entry = self.pending.get(frame.request_id)
         if entry is None:
             return self._result_without_entry(peer, frame)
-        if entry.settled_by == "result":
-            return _ack(frame.request_id, "duplicate")
-        if entry.settled_by == "server":
-            return _ack(frame.request_id, "stale", "the call was already settled")
+        if entry.settled:
+            late = LATE_RESULT[entry.state]
+            return _ack(
+                frame.request_id, late, "the call was already settled" if late == "stale" else None
+            )
         if not self._from_target(entry, peer):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        if frame.error is not None:
-            error = frame.error.model_dump(mode="json", exclude_none=True)
-            self._settle(entry, "result", None, canonical_json(error))
-            return _ack(frame.request_id, "applied")
-        problem = self._check_output(frame.output, entry.spec)
-        if problem is not None:
-            code, message = problem
-            self._settle(entry, "result", None, _error_json(code, message))
-            return _ack(frame.request_id, "invalid", message)
-        if not self._settle(entry, "result", canonical_json(frame.output), None):
-            return _ack(frame.request_id, "invalid", "the result is too large to be stored")
-        return _ack(frame.request_id, "applied")
+        step = self.ledger.get_step(entry.execution_id, entry.seq)
+        if step is None:
+            return _ack(frame.request_id, "stale", "no such call")
+        return self._page_ack(frame.request_id, self.apply(step, _settlement(frame), by_page=True))
 
-    def _check_output(self, output: JsonValue, spec: ToolSpec | None) -> tuple[str, str] | None:
-        size = json_size(output)
-        if size > self.config.max_result_bytes:
-            return (
-                "output_too_large",
-                f"the result is {size:,} bytes as JSON; the limit is "
-                f"{self.config.max_result_bytes:,} bytes",
-            )
-        if spec is not None and spec.output_schema is not None:
-            errors = schema_errors(spec.output_schema, output)
-            if errors:
-                return "invalid_output", "the result does not match outputSchema: " + "; ".join(
-                    errors
-                )
-        return None
+    @staticmethod
+    def _page_ack(request_id: str, applied: Applied) -> ResultAckFrame:
+        if applied.outcome == "duplicate":
+            return _ack(request_id, "duplicate")
+        if applied.outcome == "stale":
+            return _ack(request_id, "stale", "the call was already settled")
+        return _ack(request_id, applied.outcome, None if applied.ok else applied.message)
 
     def _from_target(self, entry: PendingCall, peer: Peer) -> bool:
+        if entry.state is CallState.ORPHANED:
+            # Delivered by an earlier process (a restart): the page is not known
+            # here; only a page of the session it went to can know the unguessable id.
+            return peer.session == entry.session
         if entry.target is peer:
             return True
         if entry.target is not None and entry.target.is_open:
             return False
-        if peer.session != entry.session:
-            return False
         # The invoke's connection is gone. The same page (same clientId) may send
         # the result again from its new connection before the invoke is
-        # re-delivered (C11). After a restart the page is not known here; only a
-        # page of the session it was delivered to can know the unguessable id.
-        if entry.client_id is not None:
-            return peer.client_id == entry.client_id
-        return entry.delivered_before
+        # re-delivered (C11).
+        return (
+            peer.session == entry.session
+            and entry.client_id is not None
+            and peer.client_id == entry.client_id
+        )
 
     def _result_without_entry(self, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
         step = self.ledger.step_by_request_id(frame.request_id)
@@ -418,49 +693,30 @@ class BrowserTools:
             execution = self.ledger.get_execution(step.execution_id)
             if execution is None or execution.session != peer.session:
                 return _ack(frame.request_id, "invalid", "the call belongs to another session")
-            now = self.clock()
-            if frame.error is not None:
-                error = frame.error.model_dump(mode="json", exclude_none=True)
-                self.ledger.reject(step.execution_id, step.seq, canonical_json(error), now)
-                return _ack(frame.request_id, "applied")
-            problem = self._check_output(frame.output, None)
-            if problem is not None:
-                self.ledger.reject(step.execution_id, step.seq, _error_json(*problem), now)
-                return _ack(frame.request_id, "invalid", problem[1])
-            outcome = self.ledger.resolve(
-                step.execution_id, step.seq, canonical_json(frame.output), now
-            )
-            if not outcome.ok:
-                return _ack(frame.request_id, "invalid", outcome.message)
-            return _ack(frame.request_id, "applied")
-        if _settled_by_server(step):
-            return _ack(frame.request_id, "stale", "the call was already settled")
-        return _ack(frame.request_id, "duplicate")
+        return self._page_ack(frame.request_id, self.apply(step, _settlement(frame), by_page=True))
 
     def on_progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
         entry = self.pending.get(frame.request_id)
-        if entry is None or entry.settled_by is not None or entry.target is not peer:
+        if entry is None or entry.settled or entry.target is not peer:
             return
         if entry.last_progress is not None and frame.progress <= entry.last_progress:
             return
         entry.last_progress = frame.progress
         if entry.idle_timer is not None:
             entry.idle_timer.cancel()
-            entry.idle_timer = asyncio.get_running_loop().call_later(
-                entry.idle_timeout, self._time_out, entry
-            )
+            entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
 
     def on_disconnect(self, peer: Peer) -> None:
         """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls."""
         for entry in list(self.pending.values()):
-            if entry.target is not peer or entry.settled_by is not None:
+            if entry.target is not peer or entry.settled:
                 continue
             self._stop_timers(entry)
             if self.config.disconnect_policy == "fail":
-                self._settle(
-                    entry, "server", None,
+                self._close(
+                    entry,
                     _error_json("disconnected", "the browser disconnected while the tool ran"),
-                )  # fmt: skip
+                )
             else:
                 entry.target = None
                 self._deliver(entry)
@@ -470,7 +726,7 @@ class BrowserTools:
         for entry in list(self.pending.values()):
             if (
                 entry.session == peer.session
-                and entry.settled_by is None
+                and not entry.settled
                 and (entry.target is None or not entry.target.is_open)
                 and peer.tool_spec(entry.call.tool_name) is not None
             ):
@@ -480,9 +736,9 @@ class BrowserTools:
         """The ledger expired these executions; release their waiting calls."""
         expired = set(execution_ids)
         for entry in list(self.pending.values()):
-            if entry.execution_id in expired and entry.settled_by is None:
+            if entry.execution_id in expired and not entry.settled:
                 self._send_cancel(entry, "timeout")
-                self._settle(entry, "server", None, None)
+                self._close(entry, None)
 
 
 @dataclass(eq=False, slots=True)
@@ -497,7 +753,7 @@ class Approvals:
     """Pending approvals of needsApproval tools, keyed by (session, toolCallId)."""
 
     ledger: Ledger
-    clock: Callable[[], float] = time.time
+    clock: Clock = SYSTEM_CLOCK
     waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
 
     async def wait(self, session: str, step: Step, call: ToolCall) -> None:
@@ -521,12 +777,12 @@ class Approvals:
         if frame.reason is not None:
             verdict["reason"] = frame.reason
         outcome = self.ledger.resolve(
-            wait.execution_id, wait.seq, canonical_json(verdict), self.clock()
+            wait.execution_id, wait.seq, canonical_json(verdict), self.clock.now()
         )
         if not outcome.ok:
             self.ledger.reject(
                 wait.execution_id, wait.seq, _error_json("invalid_output", outcome.message),
-                self.clock(),
+                self.clock.now(),
             )  # fmt: skip
         wait.future.set_result(None)
         return None

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pydantic import JsonValue
 
+from .clock import SYSTEM_CLOCK, Clock
 from .models import JsonObject, ToolDescription
 from .runtime import ToolFailure
 
@@ -30,13 +30,13 @@ class ServerTool:
         return ToolDescription(self.name, self.description, self.input_schema)
 
 
-def default_server_tools(clock: Callable[[], float] = time.time) -> dict[str, ServerTool]:
+def default_server_tools(clock: Clock = SYSTEM_CLOCK) -> dict[str, ServerTool]:
     """The server tools of the reference server: ``server_time``."""
 
     async def server_time(tool_input: JsonObject) -> JsonValue:
         if tool_input:
             raise ToolFailure("invalid_input", "server_time takes no arguments")
-        now = clock()
+        now = clock.now()
         iso = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
         return {"unix": now, "iso": iso}
 

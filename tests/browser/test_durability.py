@@ -1,4 +1,4 @@
-"""Issue 5 end to end: a real server PROCESS on a SQLite ledger, the real SDK in Chromium.
+"""Durable runs end to end: a real server PROCESS on a SQLite ledger, the real SDK in Chromium.
 
 The tests share one server (restarted in place, same port and ledger) and, to
 keep page loads few, one page until it is closed on purpose; they run in file
@@ -7,8 +7,8 @@ the ``attempt`` of every start, how often it finished) is kept in
 sessionStorage, so it survives reloads, and published in ``#state``.
 
 The page is served by the server itself (``--static``), so it is same-origin
-with the WebSocket. "An hour later" is a simulated clock: the server process
-reads a clock offset from the file named by ``CLIENTTOOLS_CLOCK_OFFSET_FILE``.
+with the WebSocket. "An hour later" is a simulated clock: the server process is
+the CLI on a clock that adds the offset in a file (tests.support.clocked_server).
 A chat sent while no page is live comes from a plain CPython WebSocket, the way
 a server-side trigger or a second device would start one.
 
@@ -55,9 +55,12 @@ class DurableServer(ServerProcess):
         self.clock_file.write_text("0")
         pages = ROOT / "tests" / "browser" / "pages"
         super().__init__(
-            ["--db", str(self.db), "--static", str(pages), "--static", str(web)],
+            [
+                *("--clock-offset-file", str(self.clock_file), "--db", str(self.db)),
+                *("--static", str(pages), "--static", str(web)),
+            ],
             log=tmp / "server.log",
-            env={"CLIENTTOOLS_CLOCK_OFFSET_FILE": str(self.clock_file)},
+            module="tests.support.clocked_server",
         )
 
     def advance_clock(self, seconds: float) -> None:
@@ -245,7 +248,7 @@ def chat_peer(server: DurableServer) -> Iterator[ChatPeer]:
         yield ChatPeer(ws)
 
 
-# -- issue 4: one response --------------------------------------------------------------------
+# -- one response ----------------------------------------------------------------------------
 
 baseline: dict[str, Any] = {}
 
@@ -274,7 +277,7 @@ def test_tool_call_and_follow_up_text_arrive_in_one_response(page: Page) -> None
     baseline["runs"] = set(st["runs"])
 
 
-# -- issue 5 ------------------------------------------------------------------------------------
+# -- durability ------------------------------------------------------------------------------
 
 
 def test_sigkill_while_the_tool_runs(page: Page, server: DurableServer) -> None:

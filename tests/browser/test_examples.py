@@ -76,13 +76,13 @@ def fenced_html_blocks(markdown: str) -> list[str]:
 
 def test_docs_show_the_example_files_verbatim() -> None:
     blocks = fenced_html_blocks((ROOT / "docs" / "client.md").read_text())
-    for name in ("pyscript.html", "pyodide.html"):
+    for name in ("pyscript.html", "pyodide.html", "micropython.html"):
         assert (EXAMPLES / name).read_text() in blocks, (
             f"docs/client.md does not show examples/{name}"
         )
 
 
-@pytest.mark.parametrize("page_name", ["pyscript.html", "pyodide.html"])
+@pytest.mark.parametrize("page_name", ["pyscript.html", "pyodide.html", "micropython.html"])
 def test_example_page_answers_the_agent(
     browser: Browser, server: ServerProcess, page_name: str
 ) -> None:

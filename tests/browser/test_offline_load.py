@@ -1,8 +1,9 @@
 """The web build is self-contained: the SDK loads with every non-local request blocked.
 
-Both ways a page can use the SDK are covered: PyScript's `packages = ["clienttools"]`
-and plain Pyodide's `loadPackage("clienttools")`. Both resolve through the lock file
-that the build writes, with integrity checks on.
+Every way a page can use the SDK is covered: PyScript's `packages = ["clienttools"]`
+and plain Pyodide's `loadPackage("clienttools")`, both through the lock file that the
+build writes, with integrity checks on; and the MicroPython flavour, whose interpreter
+and modules come from build/web/micropython/.
 """
 
 from __future__ import annotations
@@ -67,3 +68,12 @@ def test_lock_lists_exactly_the_shipped_wheels() -> None:
     for package in lock["packages"].values():
         digest = hashlib.sha256((WEB / "pyodide" / package["file_name"]).read_bytes()).hexdigest()
         assert package["sha256"] == digest, package["file_name"]
+
+
+def test_micropython_flavour_loads_offline(browser: Browser, static_server: StaticServer) -> None:
+    status, blocked, console = load(browser, f"{static_server.url}/load_micropython.html")
+    assert status.startswith("clienttools.mpy ready"), (status, console)
+    assert status.endswith("micropython 1.27.0"), status
+    assert blocked == [], f"the page tried to reach other hosts: {blocked}"
+    assert any(r.endswith("/micropython/micropython.wasm") for r in static_server.requests)
+    assert any(r.endswith("/micropython/clienttools/mpy.py") for r in static_server.requests)

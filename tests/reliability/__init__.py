@@ -1,4 +1,4 @@
-"""Reliability and security scenarios (issue 8): faults, races, restarts, fuzzing, abuse.
+"""Reliability and security scenarios: faults, races, restarts, fuzzing, abuse.
 
 Every scenario records what it tried and what held into `results.RESULTS`; at the
 end of the pytest session the collector writes build/reliability.json, and

@@ -191,7 +191,12 @@ class FuzzPeer:
         except ConnectionClosed:
             self.closes[ws.close_code] += 1
             if ws.close_code not in STRUCTURED_CLOSES:
-                self.bad.append(f"case {index}: closed with {ws.close_code}")
+                # Which case, and what it was: the server's log (warning and up) shows its side.
+                kind = "binary" if isinstance(wire, bytes) else "text"
+                self.bad.append(
+                    f"case {index}: closed with {ws.close_code} after a {kind} frame of "
+                    f"{len(wire)} characters: {wire[:120]!r}"
+                )
             with contextlib.suppress(Exception):
                 await ws.close()
             self.ws = None
@@ -213,7 +218,8 @@ async def test_live_server_survives_mutated_frames(scenario: Scenario, soak_fact
     scenario.describe("fuzz", "live server: mutated client frames, another session calling")
     count = 300 * soak_factor
     cases = await asyncio.to_thread(draw_cases, count)
-    config = ServerConfig(port=0, log_level="critical", tool_timeout=5.0)
+    # Warnings and errors of the server (uvicorn's among them) show with a failure.
+    config = ServerConfig(port=0, log_level="warning", tool_timeout=5.0)
     async with running_server(config) as server:
         page = await Page.open(server.ws_url("calm"))
         chat = await ChatPeer.open(server.ws_url("calm"))

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from server_harness import ChunkCollector, FakeBrowser, settled
 
 from clienttools_server.app import RunningServer, running_server
+from clienttools_server.clock import SYSTEM_CLOCK
 from clienttools_server.config import ServerConfig
 
 StartServer = Callable[..., Awaitable[RunningServer]]
@@ -42,8 +43,9 @@ async def start_server() -> AsyncIterator[StartServer]:
             options: dict[str, Any] = {"port": 0, "log_level": "warning"}
             options.update(overrides)
             model = options.pop("model_object", None)
+            clock = options.pop("clock", SYSTEM_CLOCK)
             return await stack.enter_async_context(
-                running_server(ServerConfig(**options), model=model)
+                running_server(ServerConfig(**options), model=model, clock=clock)
             )
 
         yield start

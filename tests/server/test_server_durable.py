@@ -20,6 +20,7 @@ from clienttools_server.models import (
     UserMessage,
 )
 from clienttools_server.runtime import RunRequest, _digest
+from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 
 
@@ -161,8 +162,9 @@ async def test_resolve_and_reject_never_raise(
         assert {c["reason"] for c in cancels} == {"superseded"}
         response = await tab.response(request_id)
         assert response.text == 't -> {"by":"api"}\nt failed: tool_error: refused by an operator'
+        # The page's own result comes after the call was settled from outside: stale.
         await tab.send_result(invokes[0]["requestId"], output=1)
-        assert (await tab.ack_for(invokes[0]["requestId"]))["outcome"] == "duplicate"
+        assert (await tab.ack_for(invokes[0]["requestId"]))["outcome"] == "stale"
         await tab.close()
         await settled(hub)
 
@@ -206,3 +208,36 @@ async def test_oversize_result_refused_by_the_ledger_is_readable(
         assert text.startswith("big failed: output_too_large: result is 1,000,012 bytes as JSON")
         await tab.close()
         await settled(server.hub)
+
+
+async def test_finished_executions_are_pruned_after_the_retention(
+    chunk_collector: ChunkCollector,
+) -> None:
+    # No db: the in-memory ledger must not grow with every chat a server ever had.
+    clock = ManualClock()
+    # Retention 60 s and resume_grace 300 s by default; the call must outlast both.
+    config = ServerConfig(port=0, log_level="warning", tool_timeout=900, max_tool_timeout=900)
+    async with running_server(config, clock=clock) as server:
+        hub, ledger = server.hub, server.app.state.ledger
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")])
+        await tab.response(await tab.start_chat("hello", chat_id="chat-1"))
+        request_id = await tab.start_chat("call t {}", chat_id="chat-2")
+        invoke = await tab.expect("cf_agent_client_tool_invoke")  # chat-2 waits on the page
+        [finished] = ledger.executions(["completed"])
+        clock.advance(60)
+        assert hub.prune_now() == 0  # strictly older than the retention, like the TTL
+        clock.advance(1)
+        assert hub.prune_now() == 1
+        assert ledger.get_execution(finished.id) is None
+        assert ledger.steps(finished.id) == []
+        # The waiting run is not finished: it stays, however old.
+        [waiting] = ledger.executions()
+        assert waiting.status == "running" and len(ledger.pending_steps()) == 1
+        assert hub.finished  # a late resume still reaches the ended response, for resume_grace
+        await tab.send_result(invoke["requestId"], output=1)
+        await tab.response(request_id)
+        clock.advance(301)  # the expiry loop (every 30 s here) prunes both by itself
+        await wait_until(lambda: not ledger.executions() and not hub.finished, 5, "the prune")
+        await tab.close()
+        await settled(hub)

@@ -173,9 +173,9 @@ async def test_duplicate_resolve_keeps_the_first_value(
         cancel = await tab.expect("cf_agent_client_tool_cancel", requestId=invoke["requestId"])
         assert cancel["reason"] == "superseded"
         assert (await tab.response(request_id)).text == 't -> {"v":1}'
-        # The page's own result comes too late: the call has a result already.
+        # The page's own result comes too late: the call was settled from outside.
         await tab.send_result(invoke["requestId"], output={"v": 3})
-        assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "duplicate"
+        assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "stale"
         assert ledger.get_step(step.execution_id, step.seq).result() == {"v": 1}
         await tab.close()
         await settled(server.hub)

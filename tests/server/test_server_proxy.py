@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from server_harness import FakeBrowser, settled, tool_spec
 
 from clienttools_server.app import RunningServer
+from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 
 
@@ -29,43 +29,48 @@ async def test_timeout_cancels_and_a_late_result_is_stale(
     await settled(server.hub)
 
 
+async def _progress(
+    tab: FakeBrowser, clock: ManualClock, rid: str, step: int, idle_timeout: float
+) -> None:
+    """Send progress and wait until the server restarted the call's idle clock."""
+    await tab.send({"type": "cf_agent_client_tool_progress", "requestId": rid, "progress": step})
+    restarted = clock.now() + idle_timeout
+    await wait_until(lambda: restarted in clock.deadlines(), 5, "the idle clock to restart")
+
+
 async def test_progress_restarts_the_idle_clock(start_server: Any, open_browser: Any) -> None:
-    server = await start_server(tool_timeout=0.25)
+    clock = ManualClock()
+    server = await start_server(tool_timeout=10, max_tool_timeout=100, clock=clock)
     tab = await open_browser(server)
     await tab.register([tool_spec("busy")])
     request_id = await tab.start_chat("call busy {}")
     invoke = await tab.expect("cf_agent_client_tool_invoke")
     rid = invoke["requestId"]
-    for step in range(1, 6):  # 0.5 s in all, twice the idle timeout
-        await asyncio.sleep(0.1)
-        await tab.send(
-            {"type": "cf_agent_client_tool_progress", "requestId": rid, "progress": step}
-        )
+    for step in range(1, 6):  # 30 s in all, three times the idle timeout
+        clock.advance(6)
+        await _progress(tab, clock, rid, step, idle_timeout=10)
     await tab.send_result(rid, output="ok")
     assert (await tab.ack_for(rid))["outcome"] == "applied"
     assert (await tab.response(request_id)).text == 'busy -> "ok"'
+    assert not [f for f in tab.inbox if f["type"] == "cf_agent_client_tool_cancel"]
     await settled(server.hub)
 
 
 async def test_hard_maximum_applies_despite_progress(start_server: Any, open_browser: Any) -> None:
-    server = await start_server(tool_timeout=0.2, max_tool_timeout=0.5)
+    clock = ManualClock()
+    server = await start_server(tool_timeout=10, max_tool_timeout=25, clock=clock)
     tab = await open_browser(server)
     await tab.register([tool_spec("busy", timeoutMs=60_000)])  # capped by the maximum
     request_id = await tab.start_chat("call busy {}")
     invoke = await tab.expect("cf_agent_client_tool_invoke")
-    assert invoke["timeoutMs"] == 500
+    assert invoke["timeoutMs"] == 25_000
     rid = invoke["requestId"]
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    for step in range(1, 20):
-        await asyncio.sleep(0.05)
-        if any(f["type"] == "cf_agent_client_tool_cancel" for f in tab.inbox):
-            break
-        await tab.send(
-            {"type": "cf_agent_client_tool_progress", "requestId": rid, "progress": step}
-        )
+    for step in range(1, 5):  # progress every 6 s: the idle clock (25 s too) never runs out
+        clock.advance(6)
+        await _progress(tab, clock, rid, step, idle_timeout=25)
+    assert server.hub.stats()["pending_calls"] == 1  # 24 s: still running
+    clock.advance(1)  # 25 s: the hard maximum
     await tab.expect("cf_agent_client_tool_cancel", requestId=rid, reason="timeout")
-    assert 0.4 < loop.time() - began < 1.5
     assert "timeout" in (await tab.response(request_id)).text
     await settled(server.hub)
 

@@ -15,7 +15,8 @@ from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
 from clienttools_server.__main__ import config_from_args, parser
-from clienttools_server.config import ServerConfig
+from clienttools_server.app import StaticDirs
+from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from clienttools_server.models import (
     AssistantMessage,
     ScriptedModel,
@@ -27,7 +28,16 @@ from clienttools_server.models import (
     parse_call_line,
     words,
 )
-from clienttools_server.schema import schema_errors
+from clienttools_server.proxy import (
+    CALL_TRANSITIONS,
+    LATE_RESULT,
+    CallEvent,
+    CallState,
+    next_call_state,
+)
+from clienttools_server.schema import OutputSchemas
+from tests.support.clock import ManualClock
+from tests.support.wait import wait_until
 
 
 @given(st.text())
@@ -79,11 +89,29 @@ async def test_scripted_model_answers_one_line_per_call() -> None:
         ({"type": "string", "maxLength": 2}, "abc", False),
         ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, 3, True),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 3, False),
-        ({"$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, 3, True),
+        ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, "3", False),
+        ({"const": True}, 1, False),
+        # A reference to nothing cannot be checked: the result is refused, not let through.
+        ({"$ref": "#/$defs/x"}, 3, False),
     ],
 )
 def test_schema_checker(schema: dict[str, Any], value: Any, ok: bool) -> None:
-    assert (schema_errors(schema, value) == []) is ok
+    assert (OutputSchemas().errors(schema, value) == []) is ok
+
+
+def test_schema_checker_compiles_each_schema_once_and_refuses_bad_schemas() -> None:
+    schemas = OutputSchemas(limit=2)
+    first = schemas.validator({"type": "integer"})
+    assert schemas.validator({"type": "integer"}) is first
+    schemas.validator({"type": "string"})
+    schemas.validator({"type": "boolean"})  # over the limit: the least recently used goes
+    assert schemas.validator({"type": "integer"}) is not first
+    assert schemas.problem({"type": "integer"}) is None
+    assert schemas.problem({"type": "no-such-type"}) == (
+        "'no-such-type' is not valid under any of the given schemas (at $.type)"
+    )
+    assert schemas.problem({"minimum": "zero"}) == "'zero' is not of type 'number' (at $.minimum)"
 
 
 def test_cli_options_become_a_config() -> None:
@@ -92,14 +120,24 @@ def test_cli_options_become_a_config() -> None:
             "--port", "0", "--static", "a", "--static", "b", "--db", "x.db", "--token", "t",
             "--allow-origin", "https://a.example", "--tool-timeout", "5",
             "--max-tool-timeout", "9", "--disconnect-policy", "fail", "--ttl", "60",
-            "--idle-timeout", "7", "--log-level", "debug",
+            "--idle-timeout", "7", "--log-level", "debug", "--retention", "30",
         ]
     )  # fmt: skip
     assert config == ServerConfig(
         port=0, static_dirs=("a", "b"), db="x.db", token="t",
         allow_origins=("https://a.example",), tool_timeout=5.0, max_tool_timeout=9.0,
         disconnect_policy="fail", ttl=60.0, idle_timeout=7.0, log_level="debug",
+        retention=30.0,
     )  # fmt: skip
+    assert config.finished_retention == 30.0
+
+
+def test_retention_defaults_short_in_memory_and_long_on_a_db() -> None:
+    assert config_from_args([]).finished_retention == MEMORY_RETENTION == 60.0
+    assert config_from_args(["--db", "x.db"]).finished_retention == DB_RETENTION
+    assert DB_RETENTION == 7 * 86_400.0
+    with pytest.raises(ValueError):
+        ServerConfig(retention=-1.0)
 
 
 def test_cli_help_explains_every_option() -> None:
@@ -122,17 +160,41 @@ async def test_static_dirs_first_match_wins(tmp_path: Path, start_server: Any) -
     (second / "index.html").write_text("shadowed")
     (second / "app.js").write_text("built")
     server = await start_server(static_dirs=(str(first), str(second)))
+    (second / "docs").mkdir()
+    (second / "docs" / "index.html").write_text("docs index")
+    (second / "404.html").write_text("not here")
+    server = await start_server(static_dirs=(str(first), str(second)))
     assert await _http_get(server.port, "/") == "demo index"
     assert await _http_get(server.port, "/app.js") == "built"
+    assert await _http_get(server.port, "/docs/") == "docs index"
+    assert await _http_response(server.port, "/missing.js") == (404, "not here")
+    assert (await _http_response(server.port, "/docs"))[0] == 307  # to "/docs/"
+    assert (await _http_response(server.port, "/app.js", method="POST"))[0] == 405
+
+
+async def test_static_dirs_without_a_404_page(tmp_path: Path, start_server: Any) -> None:
+    (tmp_path / "a.txt").write_text("a")
+    server = await start_server(static_dirs=(str(tmp_path),))
+    assert (await _http_response(server.port, "/b.txt"))[0] == 404
+    with pytest.raises(RuntimeError):
+        StaticDirs((str(tmp_path / "absent"),))
 
 
 async def _http_get(port: int, path: str) -> str:
+    status, body = await _http_response(port, path)
+    assert status == 200, (status, body)
+    return body
+
+
+async def _http_response(port: int, path: str, method: str = "GET") -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    request = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    writer.write(request.encode())
     data = await reader.read()
     writer.close()
     await writer.wait_closed()
-    return data.split(b"\r\n\r\n", 1)[1].decode()
+    head, body = data.split(b"\r\n\r\n", 1)
+    return int(head.split(b" ", 2)[1]), body.decode()
 
 
 async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
@@ -143,7 +205,46 @@ async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     await tab.close()
 
 
+async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
+    start_server: Any, chunk_collector: Any
+) -> None:
+    clock = ManualClock()
+    server = await start_server(clock=clock)  # pings every 15 s, idle peers closed after 30 s
+    start = clock.now()
+    idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    # Its ping loop and idle timer are both waiting on the clock, not on real time.
+    await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
+    clock.advance(15)
+    ping = await idle.expect("cf_agent_ping")
+    assert ping["t"] == (start + 15) * 1000
+    assert idle.close_code is None
+    clock.advance(15)
+    assert await idle.expect_closed() == 1008
+    await idle.close()
+
+
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any refusal of the handshake will do
         async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
             pass
+
+
+def test_the_pending_call_table_settles_once_and_answers_every_late_result() -> None:
+    settled = {state for state, moves in CALL_TRANSITIONS.items() if not moves}
+    assert settled == set(LATE_RESULT) == {
+        CallState.APPLIED, CallState.SUPERSEDED, CallState.CLOSED,
+    }  # fmt: skip
+    for state, moves in CALL_TRANSITIONS.items():
+        if state in settled:
+            continue
+        # Every unsettled state can be settled in each of the three ways, and only there.
+        assert {moves[e] for e in (CallEvent.RESULT, CallEvent.OUTSIDE, CallEvent.SERVER)} == (
+            settled
+        )
+        assert moves[CallEvent.DELIVER] is CallState.DELIVERED
+    assert CALL_TRANSITIONS[CallState.ORPHANED][CallEvent.NO_PAGE] is CallState.ORPHANED
+    assert CALL_TRANSITIONS[CallState.DELIVERED][CallEvent.NO_PAGE] is CallState.WAITING
+    with pytest.raises(RuntimeError, match="'applied' cannot take event 'result'"):
+        next_call_state(CallState.APPLIED, CallEvent.RESULT)
+    assert LATE_RESULT[CallState.APPLIED] == "duplicate"
+    assert LATE_RESULT[CallState.SUPERSEDED] == LATE_RESULT[CallState.CLOSED] == "stale"

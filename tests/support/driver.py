@@ -1,6 +1,6 @@
 """A scriptable protocol peer for client tests: a real `websockets` server in a background thread.
 
-It plays the server side of PROTOCOL.md by hand, so a test can send any frame
+It plays the server side of docs/protocol.md by hand, so a test can send any frame
 (valid or not) at a live client and read every frame the client sent back.
 Synchronous methods, so Playwright's sync API and the driver mix in one test.
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for the wire frames of PROTOCOL.md, valid and hostile.
+"""Hypothesis strategies for the wire frames of docs/protocol.md, valid and hostile.
 
 Valid frames are built from the pydantic models in `clienttools.protocol` and
 serialized with `dump_frame`, so they always parse. `mutated_frames(base)` turns

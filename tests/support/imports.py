@@ -26,9 +26,14 @@ def imports_of(module: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            if node.module == "clienttools":
+        elif isinstance(node, ast.ImportFrom):
+            # `from . import x` and `from .x import y` are package imports too.
+            base = "clienttools" if node.level else ""
+            full = ".".join(part for part in (base, node.module or "") if part)
+            if not full:
+                continue
+            names.add(full)
+            if full == "clienttools":
                 names.update(f"clienttools.{alias.name}" for alias in node.names)
     return names
 

@@ -6,6 +6,8 @@ server.ws_url("demo")           # "ws://127.0.0.1:<port>/agents/chat/demo"
 server.kill()                   # SIGKILL, as a crash would
 server.start("--ttl", "1")      # same port and arguments, plus these for this start
 server.stop()
+
+``module`` runs another entry point with the same flags (tests.support.clocked_server).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ class ServerProcess:
         port: int | None = None,
         log: Path | None = None,
         env: dict[str, str] | None = None,
+        module: str = "clienttools_server",
     ) -> None:
         self.args = args
+        self.module = module
         self.port = port or free_port()
         self.log = log
         self.env = {**os.environ, **(env or {})}
@@ -53,7 +57,7 @@ class ServerProcess:
     def start(self, *extra: str, timeout: float = 30.0) -> ServerProcess:
         """Start and wait until it accepts connections; `extra` arguments for this start only."""
         assert self.process is None, "already running"
-        command = [sys.executable, "-m", "clienttools_server", "--host", "127.0.0.1"]
+        command = [sys.executable, "-m", self.module, "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--log-level", "warning", *self.args, *extra]
         with contextlib.ExitStack() as files:  # the child keeps its own descriptor
             output = (

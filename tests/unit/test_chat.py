@@ -28,8 +28,8 @@ from clienttools.chat import (
     chunk_type,
 )
 from clienttools.chatclient import Chat
-from clienttools.errors import LocalProtocolError
 from clienttools.partial_json import parse_partial_json
+from clienttools.rules import LocalProtocolError
 from tests.support.imports import io_imports_reachable
 
 CORPUS = Path(__file__).resolve().parents[1] / "chat_streams"

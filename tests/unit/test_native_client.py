@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from clienttools.client import ToolClient
+from clienttools.client import CLIENT_TRANSITIONS, ClientEvent, ToolClient
 from clienttools.native import NativeConnector
+from clienttools.rules import LocalProtocolError
 from clienttools.tools import ToolContext
 from clienttools.transport import (
     ConnectionFailed,
@@ -484,3 +485,25 @@ def test_the_chat_id_defaults_to_the_session_so_a_reload_can_resume() -> None:
     client = ToolClient("ws://127.0.0.1:1/agents/chat/my%20room?x=1", token="t")
     assert client.chat.state.chat_id == "my room"
     assert ToolClient("ws://h/agents/chat/s", chat_id="c").chat.state.chat_id == "c"
+
+
+# --- the status table ------------------------------------------------------------------
+
+
+def test_status_table_closes_from_anywhere_and_connects_only_from_rest() -> None:
+    assert all(events[ClientEvent.CLOSED] == "closed" for events in CLIENT_TRANSITIONS.values())
+    connectable = {
+        status for status, events in CLIENT_TRANSITIONS.items() if ClientEvent.CONNECT in events
+    }
+    assert connectable == {"idle", "closed"}
+    reopened = {
+        status for status, events in CLIENT_TRANSITIONS.items() if ClientEvent.OPENED in events
+    }
+    assert reopened == {"connecting", "reconnecting"}
+
+
+async def test_a_step_the_status_table_does_not_list_raises(server: ScriptedServer) -> None:
+    client = ToolClient(server.url, connect_timeout=2.0)
+    with pytest.raises(LocalProtocolError):
+        client._step(ClientEvent.OPENED)  # idle: nothing was opening
+    assert client.status == "idle"

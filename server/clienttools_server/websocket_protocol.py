@@ -1,0 +1,52 @@
+"""The WebSocket protocol uvicorn runs for the server: a failed connection still ends in a close.
+
+A frame the WebSocket layer refuses, before the app sees it (over the frame
+limit: 1009; invalid UTF-8: 1007), fails the connection. uvicorn's
+websockets-sansio protocol then writes the close frame and closes the TCP socket
+at once. Whatever the peer sent after the refused frame is still unread, and a
+socket closed with unread input is reset (RST), not finished (FIN): the kernel
+drops what it had not yet sent, the close frame among it, and a peer whose own
+write fails on the reset may never read what did arrive. The peer sees the
+socket vanish (1006) instead of the close code. websockets' sans-I/O contract
+is different: send the close frame, half-close, and keep reading (and
+discarding) until the peer closes. :class:`WebSocketProtocol` does that, within
+the close timeout uvicorn uses for a close the app asks for.
+
+    uvicorn.Config(app, ws=WebSocketProtocol, ws_max_size=limit, ...)
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol, failing a connection without a reset."""
+
+    _failed = False
+
+    def handle_parser_exception(self) -> None:
+        # Called again for every later read while the parser discards: once is enough.
+        if self._failed:
+            return
+        self._failed = True
+        close = self.conn.close_sent
+        assert close is not None
+        self.queue.put_nowait(
+            {"type": "websocket.disconnect", "code": close.code, "reason": close.reason}
+        )
+        self.close_sent = True
+        # The close frame, then, when websockets asks for it (an empty chunk), the end of
+        # our side of the stream: the peer reads everything and then the FIN.
+        for data in self.conn.data_to_send():
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                self.transport.write_eof()
+        # Keep reading, so nothing the peer sends is left unread when the socket closes:
+        # the peer's close (or EOF) ends it; a peer that never closes, the timer.
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.close_timer is None:
+            self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)

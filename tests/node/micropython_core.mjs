@@ -1,0 +1,100 @@
+// Runs the MicroPython flavour's pure modules on real MicroPython 1.27 (the npm
+// interpreter PyScript uses), so "imports no pydantic, runs on MicroPython too" is
+// checked, not assumed. Used by tests/unit/test_mpy_session.py; prints
+// "micropython core: ok" when every assert held.
+import fs from "node:fs";
+import { loadMicroPython } from "../../node_modules/@micropython/micropython-webassembly-pyscript/micropython.mjs";
+
+const client = new URL("../../client/clienttools/", import.meta.url);
+const mp = await loadMicroPython({
+  heapsize: 8 * 1024 * 1024,
+  stdout: (line) => process.stdout.write(line + "\n"),
+  stderr: (line) => process.stderr.write(line + "\n"),
+});
+mp.FS.mkdirTree("/lib/clienttools");
+for (const name of ["rules.py", "context.py", "input_schema.py", "mpy.py"]) {
+  mp.FS.writeFile("/lib/clienttools/" + name, fs.readFileSync(new URL(name, client), "utf8"));
+}
+
+const script = String.raw`
+import json
+from clienttools import rules
+from clienttools.context import ToolError, json_problem
+from clienttools.input_schema import input_errors
+from clienttools.mpy import Session, Tool
+
+assert rules.next_call_state(rules.CallState.RUNNING, rules.CallEvent.CANCEL) == rules.CallState.CANCELLED
+try:
+    rules.next_call_state(rules.CallState.COMPLETED, rules.CallEvent.CANCEL)
+    raise AssertionError("a final state took an event")
+except rules.LocalProtocolError:
+    pass
+delays = rules.backoff()
+assert all(0 <= next(delays) < 30 for _ in range(50))
+assert rules.is_tool_name("read_text") and not rules.is_tool_name("9x")
+assert json_problem({"a": [1, None]}) is None and json_problem(float("nan")) is not None
+try:
+    ToolError("x", data={"k": object()})
+    raise AssertionError("ToolError took data that is not JSON")
+except TypeError:
+    pass
+
+schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}},
+          "required": ["a"], "additionalProperties": False}
+assert input_errors(schema, {"a": 1}) == []
+kinds = [e["type"] for e in input_errors(schema, {"a": True, "z": 1})]
+assert kinds == ["int_type", "extra_forbidden"], kinds
+assert [e["type"] for e in input_errors(schema, {"a": 0})] == ["greater_than_equal"]
+assert [e["type"] for e in input_errors(schema, {})] == ["missing"]
+
+def add(a, b):
+    return a + b
+
+tools = {"add": Tool(add, description="Add.", schema={"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})}
+session = Session(tools, client_id="page")
+session.connection_opened(0.0)
+first = json.loads(session.frames_to_send()[0])
+assert first["type"] == "cf_agent_client_tools" and first["tools"][0]["name"] == "add"
+
+def invoke(request_id, arguments, **extra):
+    frame = {"type": "cf_agent_client_tool_invoke", "requestId": request_id,
+             "toolCallId": "c", "toolName": "add", "input": arguments}
+    frame.update(extra)
+    session.receive_frame(json.dumps(frame), 0.1)
+
+invoke("r1", {"a": 1, "b": 2})
+[run] = session.events()
+session.tool_returned("r1", run[2].call(run[3], None))
+assert session.frames_to_send() == ['{"type":"cf_agent_client_tool_result","requestId":"r1","output":3}']
+invoke("r1", {"a": 1, "b": 2}, attempt=2)
+assert session.events() == [] and len(session.frames_to_send()) == 1
+invoke("r2", {"a": "one"})
+error = json.loads(session.frames_to_send()[0])["error"]
+assert error["code"] == "invalid_input" and [e["loc"] for e in error["data"]] == [["a"], ["b"]]
+invoke("r3", {"a": 1, "b": 2}, timeoutMs=100)
+session.events()
+session.tick(0.3)
+assert session.events() == [("cancel", "r3", "timeout")]
+assert json.loads(session.frames_to_send()[0])["error"]["code"] == "timeout"
+session.tool_cancelled("r3")
+assert session.frames_to_send() == []
+invoke("r4", {"a": 1, "b": 2})
+session.events()
+session.tool_returned("r4", float("nan"))
+assert json.loads(session.frames_to_send()[0])["error"]["code"] == "invalid_output"
+for junk in ["not json", "[]", "{}", '{"type": 5}', '{"type": "cf_agent_nonsense"}',
+             '{"type": "cf_agent_client_tool_cancel", "requestId": 7}', '{"type": "cf_agent_ping"}',
+             b"binary", "x" * 1100000]:
+    session.receive_frame(junk, 0.4)
+assert session.frames_to_send() == [] and session.events() == []
+restored = Session(tools, client_id="again")
+assert restored.restore_outbox(session.export_outbox()) == len(session.outbox()) == 4
+print("micropython core: ok")
+`;
+try {
+  await mp.runPythonAsync(script);
+} catch (error) {
+  console.log(`FAILED: ${error.type}: ${error.message}`);
+  process.exit(1);
+}

@@ -1,0 +1,157 @@
+"""Every close the server makes reaches the peer as a close frame, even a peer slow to read.
+
+A frame the WebSocket layer refuses (over the size limit: 1009; invalid UTF-8:
+1007) fails the connection. The peer here is a raw socket driven by websockets'
+sans-I/O client, so the test decides when it reads: it lets the server's replies
+pile up unread, sends the refused frame, sends a few more bytes (a peer does not
+know yet that it was refused), and only then reads everything. What it must read
+is the replies, then the close frame with the code, then the end of the stream;
+never a reset in place of the close frame (the 1006 a browser would report).
+
+    peer = SlowPeer.open(server.ws_url("s1"))    # a blocking socket: run it in a thread
+    peer.send_text(b"{", 1500)                   # 1,500 protocol errors, none read yet
+    peer.send_raw(peer.frame_bytes(payload))     # the refused frame
+    frames, reset = peer.read_to_end()           # replies, close frame, end; reset=False
+
+Without the half-close in clienttools_server.websocket_protocol both cases read a
+few dozen replies and then a reset: the close frame is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from typing import Any
+
+import pytest
+from websockets.client import ClientProtocol
+from websockets.frames import Close, Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+# Small enough that the replies below fill it many times over, so the close frame
+# still waits in the server's send queue when the server is done writing.
+RECEIVE_BUFFER = 4096
+BACKLOG_FRAMES = 1500
+
+
+class SlowPeer:
+    """A WebSocket client on a blocking socket that reads only when told to."""
+
+    def __init__(self, sock: socket.socket, protocol: ClientProtocol) -> None:
+        self.sock = sock
+        self.protocol = protocol
+
+    @classmethod
+    def open(cls, url: str) -> SlowPeer:
+        uri = parse_uri(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        sock.settimeout(30)
+        sock.connect((uri.host, uri.port))
+        protocol = ClientProtocol(uri, max_size=None)
+        protocol.send_request(protocol.connect())
+        peer = cls(sock, protocol)
+        peer._flush()
+        while True:
+            peer._receive(sock.recv(4096))
+            events = protocol.events_received()
+            if events:
+                assert isinstance(events[0], Response) and events[0].status_code == 101
+                return peer
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+
+    def _receive(self, data: bytes) -> None:
+        if data:
+            self.protocol.receive_data(data)
+        else:
+            self.protocol.receive_eof()
+
+    def send_text(self, payload: bytes, count: int = 1) -> None:
+        for _ in range(count):
+            self.protocol.send_text(payload)
+        self._flush()
+
+    def frame_bytes(self, payload: bytes) -> bytes:
+        """The wire bytes of one text frame, not sent: the caller sends them in pieces."""
+        self.protocol.send_text(payload)
+        return b"".join(self.protocol.data_to_send())
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_to_end(self) -> tuple[list[Frame], bool]:
+        """Every frame until the server ends the stream; True if it ended with a reset."""
+        frames: list[Frame] = []
+        reset = False
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                reset = True
+                break
+            self._receive(data)
+            frames += [e for e in self.protocol.events_received() if isinstance(e, Frame)]
+            self._flush_quietly()  # the close reply, as a real peer sends it
+            if not data:
+                break
+        self.sock.close()
+        return frames, reset
+
+    def _flush_quietly(self) -> None:
+        # The server may be gone already; what it sent is what counts.
+        with contextlib.suppress(OSError):
+            self._flush()
+
+
+def close_code(frames: list[Frame]) -> int | None:
+    closes = [f for f in frames if f.opcode is Opcode.CLOSE]
+    return Close.parse(closes[0].data).code if closes else None
+
+
+def refused_after_a_backlog(url: str, payload: bytes, whole: bool) -> tuple[list[Frame], bool]:
+    """Replies left unread, then the refused frame (`whole`, or its first bytes), then more."""
+    peer = SlowPeer.open(url)
+    # Malformed frames: each earns a protocol error, none of which the peer reads yet.
+    peer.send_text(b"{", BACKLOG_FRAMES)
+    time.sleep(0.3)  # the server answers them before it sees the refused frame
+    refused = peer.frame_bytes(payload)
+    if whole:
+        first, rest = refused, peer.frame_bytes(b"{}")
+    else:
+        first, rest = refused[:64], refused[64 : 64 + 16384]
+    peer.send_raw(first)
+    time.sleep(0.3)  # the server refuses the frame before the rest arrives
+    # A server that already reset the connection fails this send; the reading shows it.
+    with contextlib.suppress(OSError):
+        peer.send_raw(rest)
+    return peer.read_to_end()
+
+
+@pytest.mark.parametrize(
+    ("payload", "whole", "code"),
+    [
+        # Over the 1 MiB limit: refused at the frame header, most of it still to come.
+        (b"x" * 2_000_000, False, 1009),
+        # A lone surrogate: invalid UTF-8, refused once the whole frame is in.
+        ('{"type": "x\ud800"}'.encode("utf-8", "surrogatepass"), True, 1007),
+    ],
+    ids=["over-the-limit", "invalid-utf8"],
+)
+async def test_a_refused_frame_closes_with_a_close_frame(
+    start_server: Any, payload: bytes, whole: bool, code: int
+) -> None:
+    server = await start_server(flood_limit=10 * BACKLOG_FRAMES)
+    frames, reset = await asyncio.to_thread(
+        refused_after_a_backlog, server.ws_url("s1"), payload, whole
+    )
+    replies = [f for f in frames if f.opcode is Opcode.TEXT]
+    assert replies, "the backlog of protocol errors never arrived"
+    assert close_code(frames) == code, f"no close frame ({len(replies)} replies, reset={reset})"
+    assert not reset
