@@ -73,7 +73,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar, Union, overload
 
-import docstring_parser
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -261,6 +260,11 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     if not doc:
         return "", {}
     lines = inspect.cleandoc(doc).splitlines()
+    if len(lines) == 1 and not _SECTION_TITLE_RE.match(lines[0]):
+        return lines[0].strip(), {}  # the usual one-line docstring: no parser needed
+    # Imported on first use: a page whose tools have one-line docstrings never pays for it.
+    import docstring_parser
+
     opens_with_section = bool(_SECTION_TITLE_RE.match(lines[0]))
     if opens_with_section:
         # "Args:" on the docstring's first line: cleandoc took its entries'
