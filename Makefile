@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: all bootstrap web test demo bench soak lint clean
+.PHONY: all bootstrap postgresql web test demo bench soak lint clean
 
 all: test
 
@@ -27,7 +27,15 @@ $(CHROMIUM):
 	@echo "Chromium is missing at $(CHROMIUM); installing Debian's chromium package"
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-bootstrap: $(VENV)/.installed node_modules/.installed $(CHROMIUM)
+# The tests start their own PostgreSQL from these binaries (tests/support/postgres.py);
+# if they cannot be installed, the PostgreSQL tests skip and say why.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+		echo "PostgreSQL is missing; installing Debian's postgresql package"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null \
+		|| echo "could not install postgresql: the PostgreSQL tests will be skipped"; }
+
+bootstrap: $(VENV)/.installed node_modules/.installed $(CHROMIUM) postgresql
 
 # build/web/: Pyodide, PyScript, the browser wheels and our own, served with no network.
 web: $(VENV)/.installed node_modules/.installed

@@ -1,4 +1,4 @@
-"""Fixtures shared by every layer: paths, the web build, one Chromium for the whole session.
+"""Fixtures shared by every layer: paths, the web build, one Chromium and one PostgreSQL.
 
 Browser tests use pytest-playwright's session-scoped `browser`, launched with the
 settings in playwright.config.py (Debian's Chromium, never a downloaded one).
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.postgres import PostgresServer, PostgresUnavailable
 from tests.support.static import StaticServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,17 @@ def static_server(web_build: Path) -> Iterator[StaticServer]:
     ).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the whole session; the tests that need it skip, saying why, without it."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL for these tests: {exc}")
+    yield server
+    server.close()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--db",
-        metavar="PATH",
-        help="SQLite ledger file that makes runs survive a restart (default: in memory)",
+        metavar="PATH|URL",
+        help="the ledger that makes runs survive a restart: a SQLite file, or a "
+        "postgresql://... URL that several server processes can share (default: in memory)",
     )
     p.add_argument(
         "--token",

@@ -38,6 +38,8 @@ from .websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
 
 class StaticDirs:
     """Several directories served at one mount point; the first that has the file wins.
@@ -87,6 +89,19 @@ async def chat_endpoint(websocket: WebSocket) -> None:
     await Connection(websocket, session, hub, config, hub.clock).serve()
 
 
+def open_ledger(db: str | None) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+    if db is None:
+        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
+        return SqliteLedger(":memory:")
+    if db.startswith(POSTGRES_SCHEMES):
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .ledger_postgres import PostgresLedger
+
+        return PostgresLedger(db)
+    return SqliteLedger(db)
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -100,8 +115,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Without a db the same SQLite ledger runs in memory: one implementation to trust.
-        ledger: Ledger = SqliteLedger(config.db if config.db is not None else ":memory:")
+        ledger = open_ledger(config.db)
         hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
         app.state.config = config
         app.state.ledger = ledger

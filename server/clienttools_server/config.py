@@ -33,7 +33,8 @@ class ServerConfig:
     port: int = 8000
     # Directories served at "/", first match wins (``make demo``: demo/ then build/web/).
     static_dirs: tuple[str, ...] = ()
-    # SQLite ledger file; None keeps the ledger in memory (nothing survives a restart).
+    # The ledger: a SQLite file, or a postgresql:// URL that many processes share;
+    # None keeps it in memory (nothing survives a restart).
     db: str | None = None
     # Required as ``?token=`` on the WebSocket URL when set, and accepted as
     # ``Authorization: Bearer`` by the /executions routes.

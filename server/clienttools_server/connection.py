@@ -52,11 +52,13 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, Timer, sleep
 from .config import ServerConfig
 from .hub import Client
+from .ledger import LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
 MAX_SESSION_NAME = 256
 
 
@@ -250,6 +252,11 @@ class Connection:
                 self._engaged()
             try:
                 self._dispatch(frame)
+            except LedgerUnavailable as exc:
+                # Nothing of the frame was recorded, so nothing is acknowledged: the
+                # peer reconnects (C11) and sends it again, the database back or not.
+                logger.warning("closing %s with 1013: %s", self._id, exc)
+                return CLOSE_TRY_AGAIN_LATER
             except Exception:
                 logger.exception("handling a %s frame failed", frame.type)
                 self.send(

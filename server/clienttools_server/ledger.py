@@ -132,6 +132,14 @@ class LedgerClosed(RuntimeError):
     """The ledger was used after :meth:`Ledger.close`."""
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database could not be reached; nothing of the call was written.
+
+    Only a store on a server (PostgreSQL) raises it. A peer whose frame met it
+    gets nothing acknowledged, so it sends the frame again once it reconnects.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One run: what started it and where it stands."""

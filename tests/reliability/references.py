@@ -8,6 +8,7 @@ from __future__ import annotations
 
 SECURITY = "tests/server/test_server_security.py::"
 PROXY = "tests/server/test_server_proxy.py::"
+CLOSES = "tests/server/test_server_closes.py::"
 
 REFERENCED: list[tuple[str, str, str]] = [
     (SECURITY + "test_cross_origin_is_refused", "abuse", "cross-origin page: handshake 403"),
@@ -28,6 +29,12 @@ REFERENCED: list[tuple[str, str, str]] = [
         SECURITY + "test_default_frame_limit_is_one_mebibyte",
         "abuse",
         "frame over the default 1 MiB limit: 1009",
+    ),
+    (
+        CLOSES + "test_a_refused_frame_closes_with_a_close_frame",
+        "abuse",
+        "frame refused by the WebSocket layer (1009, 1007), peer slow to read: "
+        "close frame, never a reset (1006)",
     ),
     (
         SECURITY + "test_bad_frames_never_touch_a_running_call",

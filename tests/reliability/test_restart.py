@@ -1,4 +1,4 @@
-"""Server SIGKILL and restart on the same SQLite ledger, with calls in flight (S8, C11).
+"""Server SIGKILL and restart on the same ledger (SQLite, PostgreSQL), calls in flight (S8, C11).
 
 The server is a real OS process (killed like a crash: no shutdown code runs).
 The page (a ToolClient behind the fault proxy) keeps running its tool, keeps
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from clienttools_server.ledger import SqliteLedger
+from clienttools_server.app import open_ledger
 from clienttools_server.runtime import RunRequest
 from tests.reliability.harness import ChatPeer, Page, Spy, prompt_for, spy_first
 from tests.reliability.results import Scenario
@@ -35,16 +35,19 @@ SESSION = "crash"
 @dataclass
 class Stack:
     server: ServerProcess
-    db: Path
+    db: str  # a SQLite file or a PostgreSQL URL, as --db takes it
     proxy: FaultProxy
     page: Page
     spy: Spy
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    db = tmp_path / "ledger.sqlite3"
-    server = ServerProcess(["--db", str(db)], log=tmp_path / "server.log")
+@pytest.fixture(params=["sqlite", "postgres"])
+async def stack(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stack]:
+    if request.param == "postgres":
+        db = request.getfixturevalue("postgres").fresh_url()
+    else:
+        db = str(tmp_path / "ledger.sqlite3")
+    server = ServerProcess(["--db", db], log=tmp_path / "server.log")
     await asyncio.to_thread(server.start)
     try:
         async with FaultProxy("127.0.0.1", server.port) as proxy:
@@ -83,9 +86,9 @@ async def wait_finished(stack: Stack, chat_id: str) -> None:
         await chat.close()
 
 
-def ledger_transcript(db: Path, chat_id: str) -> tuple[str, list[Any], list[int], str]:
+def ledger_transcript(db: str, chat_id: str) -> tuple[str, list[Any], list[int], str]:
     """(final text, tool outcomes in seq order, tool attempts, execution status) of a chat."""
-    ledger = SqliteLedger(db)
+    ledger = open_ledger(db)
     try:
         [execution] = [
             e

@@ -1,20 +1,27 @@
 """The ledger (rule S8): every store passes the same tests, so they behave the same.
 
 "sqlite" is a ledger file (``--db``); "memory" is SQLite's ``:memory:``, the
-ledger of a server without ``--db``.
+ledger of a server without ``--db``; "postgres" is a PostgreSQL database that
+several server processes share (``--db postgresql://...``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import dataclasses
 import json
 import math
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,12 +32,16 @@ from clienttools_server.ledger import (
     InvalidTransition,
     Ledger,
     LedgerClosed,
+    LedgerUnavailable,
     SqliteLedger,
+    Step,
     UnknownExecution,
     UnknownStep,
     canonical_json,
     check_replay,
 )
+from clienttools_server.ledger_postgres import SCHEMA_VERSION, PostgresLedger
+from tests.support.postgres import PostgresServer
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -38,17 +49,36 @@ T0 = 1_700_000_000.0
 
 LedgerFactory = Callable[[], Ledger]
 
-
-def _factories(tmp_path: Path) -> dict[str, LedgerFactory]:
-    return {
-        "sqlite": lambda: SqliteLedger(tmp_path / "ledger.sqlite3"),
-        "memory": lambda: SqliteLedger(":memory:"),
-    }
+STORES = ["sqlite", "memory", "postgres"]
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    opened = _factories(tmp_path)[request.param]()
+@pytest.fixture(params=STORES)
+def open_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> LedgerFactory:
+    """Opens a ledger on one store; called again, the same store (a restart)."""
+    if request.param == "sqlite":
+        path = tmp_path / "ledger.sqlite3"
+        return lambda: SqliteLedger(path)
+    if request.param == "postgres":
+        url = request.getfixturevalue("postgres").fresh_url()
+        return lambda: PostgresLedger(url)
+    return lambda: SqliteLedger(":memory:")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_durable_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(store, where): a SQLite file or a PostgreSQL URL, for tests that reopen or kill."""
+    if request.param == "sqlite":
+        return "sqlite", str(tmp_path / "ledger.sqlite3")
+    return "postgres", request.getfixturevalue("postgres").fresh_url()
+
+
+def _open(store: str, where: str) -> Ledger:
+    return SqliteLedger(where) if store == "sqlite" else PostgresLedger(where)
+
+
+@pytest.fixture
+def ledger(open_ledger: LedgerFactory) -> Iterator[Ledger]:
+    opened = open_ledger()
     yield opened
     opened.close()
 
@@ -573,9 +603,10 @@ def test_prune_deletes_finished_executions_past_the_retention_only(ledger: Ledge
 # --------------------------------------------------------------------------- durability
 
 
-def test_sqlite_ledger_keeps_everything_across_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    before = SqliteLedger(path)
+def test_a_durable_ledger_keeps_everything_across_a_restart(
+    open_durable_ledger: tuple[str, str],
+) -> None:
+    before = _open(*open_durable_ledger)
     execution = before.start_execution("chat-1", '{"messages":["hi"]}', now=T0)
     before.record_step(execution.id, 0, "model", "scripted", '{"turn":0}', "server", T0)
     before.resolve(execution.id, 0, '{"text":"calling a tool"}', now=T0 + 1)
@@ -586,7 +617,7 @@ def test_sqlite_ledger_keeps_everything_across_a_restart(tmp_path: Path) -> None
     steps_before = before.steps(execution.id)
     before.close()
 
-    after = SqliteLedger(path)
+    after = _open(*open_durable_ledger)
     try:
         assert after.executions() == executions_before
         assert after.steps(execution.id) == steps_before
@@ -602,8 +633,10 @@ def test_sqlite_ledger_keeps_everything_across_a_restart(tmp_path: Path) -> None
 _KILLED_WRITER = """
 import os, signal, sys
 from clienttools_server.ledger import SqliteLedger
+from clienttools_server.ledger_postgres import PostgresLedger
 
-ledger = SqliteLedger(sys.argv[1])
+store, where = sys.argv[1:]
+ledger = SqliteLedger(where) if store == "sqlite" else PostgresLedger(where)
 execution = ledger.start_execution("chat-1", "{}", now=1.0)
 ledger.record_step(execution.id, 0, "tool", "get_location", "{}", "client", 2.0)
 ledger.resolve(execution.id, 0, '{"lat":52.5}', now=3.0)
@@ -613,10 +646,11 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close, no atexit, no flush of anythin
 """
 
 
-def test_sqlite_ledger_loses_nothing_acknowledged_when_killed(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
+def test_a_durable_ledger_loses_nothing_acknowledged_when_killed(
+    open_durable_ledger: tuple[str, str],
+) -> None:
     killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_WRITER, str(path)],
+        [sys.executable, "-c", _KILLED_WRITER, *open_durable_ledger],
         capture_output=True,
         text=True,
         timeout=60,
@@ -625,7 +659,7 @@ def test_sqlite_ledger_loses_nothing_acknowledged_when_killed(tmp_path: Path) ->
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     execution_id = killed.stdout.strip()
 
-    with SqliteLedger(path) as reopened:
+    with contextlib.closing(_open(*open_durable_ledger)) as reopened:
         steps = reopened.steps(execution_id)
         assert [(s.seq, s.state) for s in steps] == [(0, "applied"), (1, "pending")]
         assert steps[0].result() == {"lat": 52.5}
@@ -659,6 +693,22 @@ def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: 
     raw.close()
 
 
+def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    with PostgresLedger(url) as ledger:
+        execution_id, seq = _tool_step(ledger)
+    with psycopg.connect(url) as raw:
+        raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+        raw.execute("UPDATE ledger_schema SET version = 1")
+    with PostgresLedger(url) as ledger:
+        step = ledger.get_step(execution_id, seq)
+        assert step is not None and step.spec_json is None and step.state == "pending"
+        recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
+    with psycopg.connect(url) as raw:
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(2,)]
+
+
 def test_the_spec_of_a_step_is_recorded_once(ledger: Ledger) -> None:
     execution_id, seq = _tool_step(ledger)
     first = ledger.record_spec(execution_id, seq, '{"name":"t","outputSchema":{"type":"integer"}}')
@@ -676,6 +726,148 @@ def test_sqlite_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
     raw.close()
     with pytest.raises(RuntimeError, match="99"):
         SqliteLedger(path)
+
+
+def test_postgres_batch_commits_once_at_its_end(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    with PostgresLedger(url) as ledger, psycopg.connect(url, autocommit=True) as reader:
+        execution = ledger.start_execution("chat-1", "{}", now=T0)
+
+        def committed_steps() -> object:
+            row = reader.execute("SELECT count(*) FROM steps").fetchone()
+            return None if row is None else row[0]
+
+        with ledger.batch():
+            ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, None, "1")
+            with ledger.batch():  # nested: still the outer batch's transaction
+                ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+            assert ledger.get_step(execution.id, 1) is not None
+            assert committed_steps() == 0
+        assert committed_steps() == 2
+
+
+def test_a_postgres_batch_keeps_going_after_an_unknown_execution(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution = ledger.start_execution("chat-1", "{}", now=T0)
+        with ledger.batch():
+            ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, None, "1")
+            with pytest.raises(UnknownExecution):
+                ledger.record_step("nope", 0, "tool", "t", "{}", "client", T0)
+            ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+        assert [s.seq for s in ledger.steps(execution.id)] == [0, 1]
+
+
+def test_postgres_ledger_records_its_schema_version(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    PostgresLedger(url).close()
+    PostgresLedger(url).close()  # opening again migrates nothing
+    with psycopg.connect(url) as raw:
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+def test_postgres_ledger_refuses_a_newer_schema(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    PostgresLedger(url).close()
+    with psycopg.connect(url) as raw:
+        raw.execute("UPDATE ledger_schema SET version = 99")
+    with pytest.raises(RuntimeError, match="99"):
+        PostgresLedger(url)
+
+
+def test_postgres_ledgers_opened_together_migrate_once(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        opened = list(pool.map(lambda _: PostgresLedger(url), range(4)))
+    try:
+        execution = opened[0].start_execution("chat-1", "{}", now=T0)
+        # Every process sees every other's writes: one ledger, shared.
+        assert all(other.get_execution(execution.id) == execution for other in opened)
+    finally:
+        for ledger in opened:
+            ledger.close()
+
+
+def test_two_processes_settling_one_step_settle_it_once(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    first, second = PostgresLedger(url), PostgresLedger(url)
+    try:
+        execution = first.start_execution("chat-1", "{}", now=T0)
+        seqs = range(40)
+        for seq in seqs:
+            first.record_step(execution.id, seq, "tool", "t", "{}", "client", T0)
+        barrier = threading.Barrier(2)
+
+        def settle_all(ledger: Ledger, value: str) -> list[bool]:
+            barrier.wait()
+            return [ledger.resolve(execution.id, seq, value, T0 + 1).ok for seq in seqs]
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            one = pool.submit(settle_all, first, '"first"')
+            two = pool.submit(settle_all, second, '"second"')
+            won = list(zip(one.result(), two.result(), strict=True))
+        # Every step was applied by exactly one of the two, and holds that one's value.
+        assert all(a != b for a, b in won)
+        for seq, (first_won, _) in zip(seqs, won, strict=True):
+            step = second.get_step(execution.id, seq)
+            assert step is not None and step.result() == ("first" if first_won else "second")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_text_postgres_cannot_hold_round_trips(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        session, name, request_id = "a\x00b\\0", "t\x00", "r\\\x00"
+        execution = ledger.start_execution(session, "{}", now=T0)
+        step = ledger.record_step(execution.id, 0, "tool", name, "{}", "client", T0, request_id)
+        ledger.set_status(execution.id, "error", now=T0, error="boom\x00")
+        assert ledger.get_execution(execution.id) == dataclasses.replace(
+            execution, status="error", error="boom\x00"
+        )
+        assert ledger.executions(session=session) == [ledger.get_execution(execution.id)]
+        assert ledger.executions(session="a") == []
+        found = ledger.step_by_request_id(request_id)
+        assert found is not None and (found.name, found.request_id) == (name, request_id)
+        assert found.seq == step.seq
+
+
+def test_calls_fail_clearly_while_the_database_is_away(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url(), timeout=1.0) as ledger:
+        execution_id, seq = _tool_step(ledger)
+        postgres.stop()
+        try:
+            started = time.monotonic()
+            with pytest.raises(LedgerUnavailable, match="unreachable"):
+                ledger.resolve(execution_id, seq, "1", now=T0 + 1)
+            with pytest.raises(LedgerUnavailable):
+                ledger.get_step(execution_id, seq)
+            # Failing is quick: the timeout, not a hang.
+            assert time.monotonic() - started < 30
+        finally:
+            postgres.start_again()
+        # Back again: the pool reconnects, and nothing was written while it was away.
+        step = wait_for(lambda: ledger.get_step(execution_id, seq))
+        assert step.state == "pending"
+        assert ledger.resolve(execution_id, seq, "1", now=T0 + 2).ok
+
+
+def test_a_postgres_ledger_with_no_database_fails_to_open_clearly(tmp_path: Path) -> None:
+    with pytest.raises(LedgerUnavailable, match="could not connect"):
+        PostgresLedger(f"postgresql://nobody@/none?host={tmp_path}", timeout=0.5)
+
+
+def wait_for(read: Callable[[], Step | None], timeout: float = 30.0) -> Step:
+    """What ``read`` returns once the ledger answers again (each try waits the ledger's timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = read()
+        except LedgerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            continue
+        assert found is not None
+        return found
 
 
 def test_sqlite_ledger_works_in_memory() -> None:
@@ -707,33 +899,47 @@ settle_call = st.tuples(
 )
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "memory"])
-@settings(max_examples=60, deadline=None)
-@given(calls=st.lists(settle_call, max_size=8))
-def test_a_step_is_settled_at_most_once(
-    kind: str, calls: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    opened = _factories(tmp_path_factory.mktemp("settle"))[kind]()
-    try:
-        execution_id, seq = _tool_step(opened)
-        applied: list[tuple[str, str]] = []
-        for number, (method, payload) in enumerate(calls):
-            settle = opened.resolve if method == "resolve" else opened.reject
-            outcome = settle(execution_id, seq, payload, T0 + number)
-            if outcome.ok:
-                applied.append((method, payload))
-            else:
-                assert outcome.reason in {"not_pending", "too_large", "invalid"}
-        assert len(applied) <= 1
-        step = opened.get_step(execution_id, seq)
-        assert step is not None
-        if not applied:
-            assert step.state == "pending"
-        elif applied[0][0] == "resolve":
-            assert step.state == "applied"
-            assert step.result() == json.loads(applied[0][1])
+@pytest.mark.parametrize("kind", STORES)
+def test_a_step_is_settled_at_most_once(kind: str, request: pytest.FixtureRequest) -> None:
+    # One PostgreSQL schema for every example (each example starts its own execution);
+    # a fresh SQLite ledger per example.
+    url = request.getfixturevalue("postgres").fresh_url() if kind == "postgres" else ""
+    files: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+
+    def fresh() -> Ledger:
+        if kind == "postgres":
+            return PostgresLedger(url)
+        if kind == "sqlite":
+            return SqliteLedger(files.mktemp("settle") / "ledger.sqlite3")
+        return SqliteLedger(":memory:")
+
+    @settings(max_examples=60, deadline=None)
+    @given(calls=st.lists(settle_call, max_size=8))
+    def check(calls: list[tuple[str, str]]) -> None:
+        with contextlib.closing(fresh()) as ledger:
+            settled_at_most_once(ledger, calls)
+
+    check()
+
+
+def settled_at_most_once(ledger: Ledger, calls: list[tuple[str, str]]) -> None:
+    execution_id, seq = _tool_step(ledger)
+    applied: list[tuple[str, str]] = []
+    for number, (method, payload) in enumerate(calls):
+        settle = ledger.resolve if method == "resolve" else ledger.reject
+        outcome = settle(execution_id, seq, payload, T0 + number)
+        if outcome.ok:
+            applied.append((method, payload))
         else:
-            assert step.state == "error"
-            assert step.error() == json.loads(applied[0][1])
-    finally:
-        opened.close()
+            assert outcome.reason in {"not_pending", "too_large", "invalid"}
+    assert len(applied) <= 1
+    step = ledger.get_step(execution_id, seq)
+    assert step is not None
+    if not applied:
+        assert step.state == "pending"
+    elif applied[0][0] == "resolve":
+        assert step.state == "applied"
+        assert step.result() == json.loads(applied[0][1])
+    else:
+        assert step.state == "error"
+        assert step.error() == json.loads(applied[0][1])

@@ -1,0 +1,151 @@
+"""PostgreSQL against SQLite as the ledger of one server process, per browser call.
+
+    .venv/bin/python -m bench.ledgers                    # 3 runs, both loads, both stores
+    .venv/bin/python -m bench.ledgers --runs 1 --chats 20
+
+The same load as figure 5 (``bench/fleet.py``: every chat calls the browser
+tool ``add`` through the scripted model, so each call takes the whole path:
+run, ledger, model step, invoke, result, ack, model step, end), against one
+``python -m clienttools_server`` with ``--db FILE`` (SQLite, WAL,
+synchronous=NORMAL) or ``--db postgresql://...`` (a PostgreSQL started for
+the run: tests/support/postgres.py, Unix socket). Two loads: one page at a
+time (latency: chat p50/p99) and 100 pages at once (throughput and CPU).
+CPU per call is the server process's own (/proc/PID/stat) and, for
+PostgreSQL, also that of its server processes (the postmaster and its
+children), since SQLite does that work inside the server process.
+
+Stores and loads alternate within each run; the report gives median
+[min..max] over runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.serverload import ROOT, _cpu_seconds, _free_port, _wait_listening
+from tests.support.postgres import PostgresServer
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of a process and its children, by pid (processes that vanished omitted)."""
+    cpu: dict[int, float] = {}
+    for each in [pid, *_children(pid)]:
+        seconds = _cpu_seconds(each)
+        if seconds is not None:
+            cpu[each] = seconds
+    return cpu
+
+
+def _postmaster_pid(postgres: PostgresServer) -> int:
+    return int((postgres.data / "postmaster.pid").read_text().split()[0])
+
+
+def measure(db: str, clients: int, chats: int, postgres: PostgresServer | None) -> dict[str, Any]:
+    port = _free_port()
+    command = [sys.executable, "-m", "clienttools_server", "--port", str(port)]
+    command += ["--log-level", "warning", "--db", db]
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        _wait_listening(port, server)
+        cpu_before = _cpu_seconds(server.pid)
+        pg_before = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.fleet", f"ws://127.0.0.1:{port}/agents/chat"]
+            + ["--clients", str(clients), "--invokes", str(chats)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        cpu_after = _cpu_seconds(server.pid)
+        pg_after = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"the fleet failed: {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    invokes = result["invokes"]
+    assert cpu_before is not None and cpu_after is not None
+    result["server_cpu_per_call_ms"] = (cpu_after - cpu_before) / invokes * 1000
+    database = sum(after - pg_before.get(pid, 0.0) for pid, after in pg_after.items())
+    result["database_cpu_per_call_ms"] = database / invokes * 1000
+    return result
+
+
+FIGURES = (
+    ("chat_p50_ms", "one page: chat p50 (ms)", "1x"),
+    ("chat_p99_ms", "one page: chat p99 (ms)", "1x"),
+    ("server_cpu_per_call_ms", "one page: server CPU per call (ms)", "1x"),
+    ("per_invoke_ms", "100 pages: wall time per call (ms)", "100x"),
+    ("server_cpu_per_call_ms", "100 pages: server CPU per call (ms)", "100x"),
+    ("database_cpu_per_call_ms", "100 pages: PostgreSQL CPU per call (ms)", "100x"),
+)
+
+
+def _summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ledgers", description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--chats", type=int, default=300, help="chats of the one page")
+    parser.add_argument("--pages", type=int, default=100)
+    parser.add_argument("--chats-per-page", type=int, default=20)
+    args = parser.parse_args(argv)
+    postgres = PostgresServer.start()
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="clienttools-bench-") as tmp:
+            for run in range(args.runs):
+                stores = ["sqlite", "postgres"] if run % 2 == 0 else ["postgres", "sqlite"]
+                for store in stores:
+                    for load, clients, chats in (
+                        ("1x", 1, args.chats),
+                        ("100x", args.pages, args.chats_per_page),
+                    ):
+                        where = f"{run}-{store}-{load}"
+                        db = (
+                            postgres.fresh_url()
+                            if store == "postgres"
+                            else str(Path(tmp) / f"{where}.sqlite3")
+                        )
+                        measured = measure(
+                            db, clients, chats, postgres if store == "postgres" else None
+                        )
+                        results.setdefault((store, load), []).append(measured)
+                        print(where, json.dumps(measured), file=sys.stderr, flush=True)
+    finally:
+        postgres.close()
+    print("| figure | SQLite | PostgreSQL | ratio |")
+    print("|---|---|---|---|")
+    for key, label, load in FIGURES:
+        sqlite = [r[key] for r in results[("sqlite", load)]]
+        pg = [r[key] for r in results[("postgres", load)]]
+        ratios = [p / s for p, s in zip(pg, sqlite, strict=True) if s]
+        ratio = _summary(ratios) if ratios else "n/a"
+        print(f"| {label} | {_summary(sqlite)} | {_summary(pg)} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

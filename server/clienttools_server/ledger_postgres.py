@@ -1,0 +1,720 @@
+"""The ledger (rule S8) in PostgreSQL, shared by every server process that points at it.
+
+:class:`PostgresLedger` behaves as :class:`~clienttools_server.ledger.SqliteLedger`
+does, method by method: each logical step is one committed transaction (or a
+part of one :meth:`~PostgresLedger.batch`), stale, duplicate and oversize
+settlements are :class:`~clienttools_server.ledger.Outcome` values, and the
+same inputs raise the same exceptions. The contract tests run against both.
+
+Why synchronous: the whole server calls the :class:`~clienttools_server.ledger.Ledger`
+protocol synchronously from its event loop, with ``batch()`` relied on to hold
+no ``await`` (frames queued inside leave after the commit). So this store
+takes its connections from psycopg's *sync* :class:`~psycopg_pool.ConnectionPool`,
+one per call (the same one for every call inside a batch). A call blocks the
+event loop for one round trip to the database: on a Unix socket or a LAN that
+is a fraction of a millisecond (bench/README.md has the figure). The next
+step is an async interface (``AsyncConnectionPool``) once the callers await
+the ledger; the routing between processes (LISTEN/NOTIFY) will want a
+connection of its own outside the pool, since a listening connection cannot
+run other statements.
+
+When the database goes away, a call fails clearly rather than waiting: it
+raises :class:`~clienttools_server.ledger.LedgerUnavailable` once no
+connection could be had within ``timeout`` seconds (or at once, when the
+connection breaks under it), and the calls after it give up sooner until one
+gets through. The pool reconnects by itself; calls after the database is
+back work again. (The server closes a socket whose frame met it with 1013,
+so the peer sends it again after reconnecting: docs/scaling.md.)
+
+The schema is created, or migrated, when the ledger opens, under an advisory
+lock so that processes starting together do not race; its version is the row
+of ``ledger_schema``. Text values the ledger does not parse (session, name,
+request id, error) may hold characters PostgreSQL's ``text`` cannot (NUL);
+they are stored escaped and read back as given.
+
+Example::
+
+    ledger = PostgresLedger("postgresql:///clienttools?host=/run/postgresql")
+    run = ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
+    ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now=time.time())
+    assert ledger.resolve(run.id, 0, '{"lat":52.5}', now=time.time()).ok
+    ledger.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import uuid
+from collections.abc import Collection, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import psycopg
+import psycopg_pool
+
+from .ledger import (
+    FINISHED_STATUSES,
+    Execution,
+    ExecutionStatus,
+    LedgerClosed,
+    LedgerUnavailable,
+    Outcome,
+    Resolution,
+    Step,
+    StepKind,
+    UnknownExecution,
+    UnknownStep,
+    _canonicalize,
+    _check_statuses,
+    _check_transition,
+    _closing_error,
+    _prepare_error,
+    _prepare_input,
+    _prepare_recorded_result,
+    _prepare_result,
+    _refusal,
+    check_replay,
+)
+
+SCHEMA_VERSION = 2
+
+# Seconds a call waits for a connection before it fails with LedgerUnavailable.
+# The wait blocks the caller's event loop (the interface is synchronous), so it is
+# short; once a call has failed, the next ones wait only AWAY_TIMEOUT, until one
+# gets through: a database that is away must not stall every socket for seconds.
+DEFAULT_TIMEOUT = 2.0
+AWAY_TIMEOUT = 0.1
+
+# One key for the advisory lock that serializes migrations across processes.
+_MIGRATION_LOCK = 0x636C_746C  # "cltl"
+
+# MIGRATIONS[n] takes the schema from version n to n + 1. Ids and sessions sort
+# by byte (COLLATE "C"), as SQLite does, whatever the database's locale.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE executions (
+            id           TEXT COLLATE "C" PRIMARY KEY,
+            session      TEXT COLLATE "C" NOT NULL,
+            status       TEXT NOT NULL
+                         CHECK (status IN ('running', 'paused', 'completed', 'error', 'expired')),
+            request_json TEXT NOT NULL,
+            error        TEXT,
+            created_at   DOUBLE PRECISION NOT NULL,
+            updated_at   DOUBLE PRECISION NOT NULL
+        )
+        """,
+        "CREATE INDEX executions_by_status ON executions (status, updated_at)",
+        "CREATE INDEX executions_by_session ON executions (session, status)",
+        """
+        CREATE TABLE steps (
+            execution_id TEXT COLLATE "C" NOT NULL
+                         REFERENCES executions (id) ON DELETE CASCADE,
+            seq          BIGINT NOT NULL CHECK (seq >= 0),
+            kind         TEXT NOT NULL CHECK (kind IN ('model', 'tool')),
+            name         TEXT NOT NULL,
+            input_json   TEXT NOT NULL,
+            resolution   TEXT NOT NULL CHECK (resolution IN ('client', 'approval', 'server')),
+            state        TEXT NOT NULL
+                         CHECK (state IN ('pending', 'applied', 'error', 'expired')),
+            result_json  TEXT,
+            error_json   TEXT,
+            request_id   TEXT,
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            created_at   DOUBLE PRECISION NOT NULL,
+            updated_at   DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (execution_id, seq)
+        )
+        """,
+        # Only pending steps are ever searched by state, and they are few.
+        "CREATE INDEX steps_pending ON steps (resolution, execution_id) WHERE state = 'pending'",
+        "CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT NULL",
+    ),
+    # 2: the tool spec a client call was made with, for the outputSchema after a restart.
+    ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+_EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
+_STEP_COLUMNS = (
+    "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
+    "error_json, request_id, attempts, created_at, updated_at, spec_json"
+)
+# Each write below is one statement, so one round trip and atomic by itself: the
+# step and the execution's updated_at (a step recorded or settled is progress, so
+# the run is not idle and not expirable yet) change together or not at all.
+# An unknown execution inserts nothing, rather than raising a foreign-key error
+# that would abort a batch's transaction.
+_RECORD_STEP = (
+    f"WITH inserted AS (INSERT INTO steps ({_STEP_COLUMNS}) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    "WHERE EXISTS (SELECT 1 FROM executions WHERE id = %s) "
+    "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
+    "touched AS (UPDATE executions SET updated_at = %s "
+    "WHERE id = %s AND EXISTS (SELECT 1 FROM inserted)) "
+    "SELECT count(*) FROM inserted"
+)
+_SETTLE_SQL = {
+    field: (
+        f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
+        "WHERE execution_id = %s AND seq = %s AND state = 'pending' "
+        f"RETURNING {_STEP_COLUMNS}), "
+        "touched AS (UPDATE executions SET updated_at = %s "
+        "WHERE id IN (SELECT execution_id FROM settled)) "
+        "SELECT * FROM settled"
+    )
+    for field in ("result", "error")
+}
+
+
+def _escape(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL (and so the escape character) escaped."""
+    if "\\" not in text and "\x00" not in text:
+        return text
+    return text.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    chars = iter(text)
+    for char in chars:
+        if char == "\\":
+            escaped = next(chars, "")
+            out.append("\x00" if escaped == "0" else escaped)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _maybe_escape(text: str | None) -> str | None:
+    return None if text is None else _escape(text)
+
+
+def _maybe_unescape(text: object) -> str | None:
+    return None if text is None else _unescape(str(text))
+
+
+def _execution_from_row(row: Sequence[Any]) -> Execution:
+    id_, session, status, request_json, error, created_at, updated_at = row
+    return Execution(
+        id_, _unescape(session), status, request_json, _maybe_unescape(error), created_at,
+        updated_at,
+    )  # fmt: skip
+
+
+def _step_from_row(row: Sequence[Any]) -> Step:
+    (execution_id, seq, kind, name, input_json, resolution, state, result_json, error_json,
+     request_id, attempts, created_at, updated_at, spec_json) = row  # fmt: skip
+    return Step(
+        execution_id, seq, kind, _unescape(name), input_json, resolution, state, result_json,
+        error_json, _maybe_unescape(request_id), attempts, created_at, updated_at, spec_json,
+    )  # fmt: skip
+
+
+class _Transaction:
+    """Statements on one connection inside an open transaction."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self.connection = connection
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> psycopg.Cursor[Any]:
+        return self.connection.execute(sql, params)
+
+
+@dataclasses.dataclass
+class _Batch:
+    connection: psycopg.Connection[Any]
+    depth: int = 0
+    open: bool = False  # a transaction is open on the connection
+
+
+class PostgresLedger:
+    """The ledger in one PostgreSQL database (or the first schema of its ``search_path``).
+
+    ``conninfo`` is a libpq URL or key=value string. Safe to share between
+    threads: a batch belongs to the thread that opened it.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_size: int = 4,
+    ) -> None:
+        self._timeout = timeout
+        self._away = False  # the last call found the database unreachable
+        self._local = threading.local()
+        self._closed = False
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
+            psycopg_pool.ConnectionPool(
+                conninfo,
+                min_size=1,
+                max_size=max_size,
+                timeout=timeout,
+                # autocommit: we open transactions ourselves, as SqliteLedger does, so
+                # a batch can keep going after a call that refused before writing.
+                kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout))},
+                check=_alive,
+                # Give up reconnecting in the background soon: then each call that
+                # finds no connection starts a fresh attempt, so the ledger is back
+                # within seconds of the database, not after a backoff grown long.
+                reconnect_timeout=timeout,
+                open=False,
+                name="clienttools-ledger",
+            )
+        )
+        try:
+            self._pool.open(wait=True, timeout=timeout)
+            self._migrate()
+        except psycopg_pool.PoolTimeout as exc:
+            self._pool.close()
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger could not connect within {timeout:g} s: {exc}"
+            ) from exc
+        except BaseException:
+            self._pool.close()  # a half-opened ledger must not leak its connections
+            raise
+
+    def _migrate(self) -> None:
+        with self._write() as tx:
+            tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            tx.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
+            row = tx.execute("SELECT version FROM ledger_schema").fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"ledger schema version {version} is not supported "
+                    f"(this code knows version {SCHEMA_VERSION})"
+                )
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    tx.execute(statement)
+            if row is None:
+                tx.execute("INSERT INTO ledger_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+            elif version != SCHEMA_VERSION:
+                tx.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION,))
+
+    # connections and transactions
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosed("the ledger is closed")
+
+    @property
+    def _batch(self) -> _Batch | None:
+        batch: _Batch | None = getattr(self._local, "batch", None)
+        return batch
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The batch's connection, or one from the pool for this call."""
+        self._check_open()
+        batch = self._batch
+        if batch is not None:
+            with self._unavailable_as_error():
+                yield batch.connection
+            return
+        with self._unavailable_as_error(), self._pooled() as connection:
+            yield connection
+
+    def _pooled(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection(timeout=AWAY_TIMEOUT if self._away else self._timeout)
+
+    @contextlib.contextmanager
+    def _unavailable_as_error(self) -> Iterator[None]:
+        waited = AWAY_TIMEOUT if self._away else self._timeout
+        try:
+            yield
+        except psycopg_pool.PoolTimeout as exc:
+            self._away = True
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger is unreachable: no connection within {waited:g} s"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            self._away = True
+            raise LedgerUnavailable(f"the PostgreSQL ledger is unreachable: {exc}") from exc
+        except BaseException:
+            self._away = False  # an answer came back, so the database is there
+            raise
+        self._away = False
+
+    def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        with self._connection() as connection:
+            return connection.execute(sql, params).fetchall()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[_Transaction]:
+        """One atomic write: its own committed transaction, or a part of the batch's."""
+        batch = self._batch
+        if batch is None:
+            with self._connection() as connection:
+                connection.execute("BEGIN")
+                tx = _Transaction(connection)
+                try:
+                    yield tx
+                except BaseException:
+                    _rollback(connection, "ROLLBACK")
+                    raise
+                connection.execute("COMMIT")
+            return
+        with self._connection() as connection:
+            if not batch.open:
+                connection.execute("BEGIN")
+                batch.open = True
+            tx = _Transaction(connection)
+            try:
+                yield tx
+            except psycopg.Error:
+                # A database error aborts a PostgreSQL transaction: the whole batch
+                # goes, rather than half a call. (Refusals are checked before any
+                # statement, so they never come here and leave the batch alone.)
+                _rollback(connection, "ROLLBACK")
+                batch.open = False
+                raise
+
+    def _write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """One statement that is a whole write by itself: atomic with no BEGIN and COMMIT."""
+        if self._batch is not None:
+            with self._write() as tx:
+                return tx.execute(sql, params).fetchall()
+        with self._connection() as connection:
+            return connection.execute(sql, params).fetchall()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Commit every write made inside the block in one transaction, when the block ends.
+
+        As :meth:`SqliteLedger.batch <clienttools_server.ledger.SqliteLedger.batch>`:
+        a call that refuses (a divergence, an unknown execution, a value that
+        cannot be stored) leaves the calls before it to be committed; a
+        database error rolls the whole batch back, since it aborts the
+        transaction. Keep it synchronous (no ``await``). Nestable.
+        """
+        self._check_open()
+        batch = self._batch
+        if batch is not None:
+            batch.depth += 1
+            try:
+                yield
+            finally:
+                batch.depth -= 1
+            return
+        with self._unavailable_as_error(), self._pooled() as connection:
+            batch = _Batch(connection, depth=1)
+            self._local.batch = batch
+            try:
+                yield
+            finally:
+                self._local.batch = None
+                if batch.open:
+                    try:
+                        with self._unavailable_as_error():
+                            connection.execute("COMMIT")
+                    except BaseException:
+                        _rollback(connection, "ROLLBACK")
+                        raise
+
+    def __enter__(self) -> PostgresLedger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.close()
+
+    # executions
+
+    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+        _canonicalize(request_json)  # refuse what could not be re-run later
+        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
+        self._write_one(
+            f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (execution.id, _escape(session), "running", request_json, None, now, now),
+        )
+        return execution
+
+    def get_execution(self, execution_id: str) -> Execution | None:
+        rows = self._read(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = %s", (_escape(execution_id),)
+        )
+        return _execution_from_row(rows[0]) if rows else None
+
+    def executions(
+        self,
+        statuses: Collection[ExecutionStatus] | None = None,
+        session: str | None = None,
+    ) -> list[Execution]:
+        _check_statuses(statuses)
+        self._check_open()
+        where: list[str] = []
+        params: list[object] = []
+        if statuses is not None:
+            if not statuses:
+                return []
+            where.append("status = ANY(%s)")
+            params.append(list(statuses))
+        if session is not None:
+            where.append("session = %s")
+            params.append(_escape(session))
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._read(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
+            params,
+        )
+        return [_execution_from_row(row) for row in rows]
+
+    def set_status(
+        self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
+    ) -> None:
+        with self._write() as tx:
+            execution = self._execution_in(tx, execution_id, lock=True)
+            _check_transition(execution, status)
+            if execution.finished:
+                return  # same finished status again: nothing changes
+            tx.execute(
+                "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
+                (status, _maybe_escape(error), now, execution_id),
+            )
+            if status in FINISHED_STATUSES:
+                self._settle_pending(tx, execution_id, status, now, ttl=None)
+
+    def _execution_in(
+        self, tx: _Transaction, execution_id: str, *, lock: bool = False
+    ) -> Execution:
+        # FOR UPDATE: another process's status change waits for ours, as
+        # SQLite's BEGIN IMMEDIATE makes it.
+        row = tx.execute(
+            f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = %s"
+            + (" FOR UPDATE" if lock else ""),
+            (_escape(execution_id),),
+        ).fetchone()
+        if row is None:
+            raise UnknownExecution(f"no execution {execution_id}")
+        return _execution_from_row(row)
+
+    def _settle_pending(
+        self,
+        tx: _Transaction,
+        execution_id: str,
+        status: ExecutionStatus,
+        now: float,
+        ttl: float | None,
+    ) -> None:
+        state, error_json = _closing_error(status, ttl)
+        tx.execute(
+            "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
+            "WHERE execution_id = %s AND state = 'pending'",
+            (state, error_json, now, execution_id),
+        )
+
+    def expire_paused(self, ttl: float, now: float) -> list[str]:
+        cutoff = now - ttl
+        with self._write() as tx:
+            # SKIP LOCKED: a run another process is changing right now is not idle.
+            rows = tx.execute(
+                "SELECT id FROM executions AS e WHERE updated_at < %s AND ("
+                " status = 'paused' OR (status = 'running' AND EXISTS ("
+                "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
+                " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
+                (cutoff,),
+            ).fetchall()
+            expired = [str(row[0]) for row in rows]
+            for execution_id in expired:
+                tx.execute(
+                    "UPDATE executions SET status = 'expired', error = %s, updated_at = %s "
+                    "WHERE id = %s",
+                    (f"expired after {ttl:g} s without progress", now, execution_id),
+                )
+                self._settle_pending(tx, execution_id, "expired", now, ttl)
+        return expired
+
+    def prune_finished(self, retention: float, now: float) -> int:
+        if retention < 0:
+            raise ValueError(f"retention must not be negative, not {retention}")
+        with self._write() as tx:
+            # The steps go with their execution (ON DELETE CASCADE).
+            deleted = tx.execute(
+                "DELETE FROM executions WHERE status = ANY(%s) AND updated_at < %s",
+                (sorted(FINISHED_STATUSES), now - retention),
+            ).rowcount
+        return int(deleted)
+
+    # steps
+
+    def record_step(
+        self,
+        execution_id: str,
+        seq: int,
+        kind: StepKind,
+        name: str,
+        input_json: str,
+        resolution: Resolution,
+        now: float,
+        request_id: str | None = None,
+        result_json: str | None = None,
+    ) -> Step:
+        if seq < 0:
+            raise ValueError(f"seq must be >= 0, not {seq}")
+        canonical_input = _prepare_input(name, input_json)
+        state, stored_result = _prepare_recorded_result(result_json)
+        step = Step(
+            execution_id, seq, kind, name, canonical_input, resolution, state,
+            stored_result, None, request_id, 0, now, now, None,
+        )  # fmt: skip
+        [(inserted,)] = self._write_one(
+            _RECORD_STEP,
+            (
+                execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
+                stored_result, None, _maybe_escape(request_id), 0, now, now, None,
+                execution_id, now, execution_id,
+            ),
+        )  # fmt: skip
+        if inserted:
+            return step
+        # Recorded before (a replay), or no such execution: only now worth a read.
+        existing = self.get_step(execution_id, seq)
+        if existing is None:
+            raise UnknownExecution(f"no execution {execution_id}")
+        check_replay(existing, kind, name, canonical_input)
+        return existing
+
+    def _step_in(
+        self, connection: psycopg.Connection[Any], execution_id: str, seq: int
+    ) -> Step | None:
+        row = connection.execute(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s",
+            (_escape(execution_id), seq),
+        ).fetchone()
+        return None if row is None else _step_from_row(row)
+
+    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+        """Record the tool spec of a step once (the first stays); the step, None if missing."""
+        canonical = _canonicalize(spec_json)
+        # The step as it stands after the update: the updated row, or else the one
+        # that already had a spec (the statement's snapshot predates its update).
+        rows = self._write_one(
+            f"WITH updated AS (UPDATE steps SET spec_json = %s "
+            "WHERE execution_id = %s AND seq = %s AND spec_json IS NULL "
+            f"RETURNING {_STEP_COLUMNS}) "
+            "SELECT * FROM updated UNION ALL "
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s "
+            "AND NOT EXISTS (SELECT 1 FROM updated)",
+            (canonical, _escape(execution_id), seq, _escape(execution_id), seq),
+        )
+        return _step_from_row(rows[0]) if rows else None
+
+    def get_step(self, execution_id: str, seq: int) -> Step | None:
+        with self._connection() as connection:
+            return self._step_in(connection, execution_id, seq)
+
+    def step_by_request_id(self, request_id: str) -> Step | None:
+        rows = self._read(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
+            (_escape(request_id),),
+        )
+        return _step_from_row(rows[0]) if rows else None
+
+    def steps(self, execution_id: str) -> list[Step]:
+        rows = self._read(
+            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s ORDER BY seq",
+            (_escape(execution_id),),
+        )
+        return [_step_from_row(row) for row in rows]
+
+    def pending_steps(
+        self, session: str | None = None, resolution: Resolution | None = None
+    ) -> list[Step]:
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_COLUMNS.split(","))
+        where = ["s.state = 'pending'", "e.status IN ('running', 'paused')"]
+        params: list[object] = []
+        if session is not None:
+            where.append("e.session = %s")
+            params.append(_escape(session))
+        if resolution is not None:
+            where.append("s.resolution = %s")
+            params.append(resolution)
+        rows = self._read(
+            f"SELECT {columns} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
+            f"WHERE {' AND '.join(where)} ORDER BY s.created_at, s.execution_id, s.seq",
+            params,
+        )
+        return [_step_from_row(row) for row in rows]
+
+    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
+        return self._settle(execution_id, seq, "result", result_json, now)
+
+    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
+        return self._settle(execution_id, seq, "error", error_json, now)
+
+    def _settle(
+        self,
+        execution_id: str,
+        seq: int,
+        field: Literal["result", "error"],
+        value_json: str,
+        now: float,
+    ) -> Outcome:
+        prepared = _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
+        if not isinstance(prepared, Outcome):
+            state = "applied" if field == "result" else "error"
+            # The UPDATE's "AND state = 'pending'" is the one check that counts:
+            # of two processes settling the same step, exactly one gets the row.
+            rows = self._write_one(
+                _SETTLE_SQL[field], (state, prepared, now, _escape(execution_id), seq, now)
+            )
+            if rows:
+                settled = _step_from_row(rows[0])
+                return Outcome(
+                    True, "applied", f"step {seq} of execution {execution_id} settled", settled
+                )
+        # Missing, already settled, or a value that cannot be stored: nothing was written.
+        step = self.get_step(execution_id, seq)
+        refusal = _refusal(step, execution_id, seq)
+        if refusal is not None:
+            return refusal
+        assert isinstance(prepared, Outcome)
+        return dataclasses.replace(prepared, step=step)
+
+    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+        rows = self._write_one(
+            "UPDATE steps SET attempts = attempts + 1, updated_at = %s "
+            "WHERE execution_id = %s AND seq = %s RETURNING attempts",
+            (now, _escape(execution_id), seq),
+        )
+        if not rows:
+            raise UnknownStep(f"no step {seq} in execution {execution_id}")
+        return int(rows[0][0])
+
+
+def _alive(connection: psycopg.Connection[Any]) -> None:
+    """Raise if the server closed this connection (a restart), without a round trip.
+
+    Reads what the server sent while the connection sat in the pool: a server
+    that shut down sent its goodbye and closed the socket, and libpq notices
+    that here. (An empty query would notice more, a network gone silent, but
+    costs a round trip on every call.)
+    """
+    pgconn = connection.pgconn
+    pgconn.consume_input()  # OperationalError once the socket is closed
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection is broken")
+
+
+def _rollback(connection: psycopg.Connection[Any], statement: str) -> None:
+    """Roll back, unless the connection is gone (then the server rolled back already)."""
+    with contextlib.suppress(psycopg.OperationalError):
+        connection.execute(statement)
