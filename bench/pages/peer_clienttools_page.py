@@ -5,7 +5,8 @@ import js
 from pyodide.ffi import create_proxy
 
 import clienttools
-from clienttools.chat import Chat, ChatResponseError
+from clienttools import Chat
+from clienttools.chat import ChatResponseError
 
 TURN_TIMEOUT_S = 60.0
 peer = js.window.__peer
