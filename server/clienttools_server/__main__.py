@@ -16,13 +16,20 @@ import uvicorn
 
 from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
-from .config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
 
 
@@ -109,6 +116,29 @@ def parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--client-tools",
+        choices=CLIENT_TOOLS_MODES,
+        default=defaults.client_tools,
+        help="how page tools run: 'rpc' calls them over the page's socket inside one "
+        "response; 'round-trip' ends the response at the call (finishReason 'tool-calls') "
+        "and the page's next send, carrying the output, continues (default: %(default)s)",
+    )
+    p.add_argument(
+        "--first-chunk-delay",
+        type=_not_negative,
+        default=defaults.first_chunk_delay,
+        metavar="SECONDS",
+        help="scripted model: wait this long before the first chunk of each model request "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--chunk-delay",
+        type=_not_negative,
+        default=defaults.chunk_delay,
+        metavar="SECONDS",
+        help="scripted model: wait this long between chunks (default: %(default)s)",
+    )
+    p.add_argument(
         "--ttl",
         type=_positive,
         default=defaults.ttl,
@@ -154,6 +184,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
         disconnect_policy=args.disconnect_policy,
         model=args.model,
+        client_tools=args.client_tools,
+        first_chunk_delay=args.first_chunk_delay,
+        chunk_delay=args.chunk_delay,
         log_level=args.log_level,
         ttl=args.ttl,
         retention=args.retention,

@@ -110,7 +110,11 @@ def create_app(
     clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
     """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
-    chosen_model = model if model is not None else create_model(config.model)
+    chosen_model = model
+    if chosen_model is None:
+        chosen_model = create_model(
+            config.model, first_chunk_delay=config.first_chunk_delay, chunk_delay=config.chunk_delay
+        )
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager

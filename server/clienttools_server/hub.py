@@ -382,6 +382,7 @@ class Hub:
         run = Run(
             execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
             log.append, clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
+            client_tools=self.config.client_tools,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)

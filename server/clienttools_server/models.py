@@ -127,17 +127,25 @@ class ScriptedModel:
       order: ``NAME -> <compact JSON output>`` or ``NAME failed: <code>: <message>``.
     - Any other text gets a reply that lists the tools it can call.
 
-    Text streams in word-sized deltas.
+    Text streams in word-sized deltas. ``first_chunk_delay`` and ``chunk_delay``
+    (seconds) give each request the latency of a hosted model: the time to its
+    first event, and the time between events.
     """
 
     name = "scripted"
 
+    def __init__(self, *, first_chunk_delay: float = 0.0, chunk_delay: float = 0.0) -> None:
+        if first_chunk_delay < 0 or chunk_delay < 0:
+            raise ValueError("model delays must not be negative")
+        self.first_chunk_delay = first_chunk_delay
+        self.chunk_delay = chunk_delay
+
     async def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolDescription]
     ) -> AsyncIterator[ModelEvent]:
-        for event in self._answer(messages, tools):
-            # Yield to the loop between deltas, as a network model would.
-            await asyncio.sleep(0)
+        for index, event in enumerate(self._answer(messages, tools)):
+            # Yield to the loop between deltas (sleep(0) at least), as a network model would.
+            await asyncio.sleep(self.first_chunk_delay if index == 0 else self.chunk_delay)
             yield event
 
     def _answer(
@@ -187,10 +195,10 @@ class ScriptedModel:
         return "\n".join(lines)
 
 
-def create_model(name: str) -> Model:
-    """The model a ``--model`` name stands for."""
+def create_model(name: str, *, first_chunk_delay: float = 0.0, chunk_delay: float = 0.0) -> Model:
+    """The model a ``--model`` name stands for; the delays apply to the scripted model."""
     if name == "scripted":
-        return ScriptedModel()
+        return ScriptedModel(first_chunk_delay=first_chunk_delay, chunk_delay=chunk_delay)
     raise ValueError(f"unknown model {name!r}; available: scripted")
 
 

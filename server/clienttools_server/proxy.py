@@ -469,7 +469,6 @@ class BrowserTools:
     def _time_out(self, entry: PendingCall) -> None:
         if entry.settled:
             return
-        self._send_cancel(entry, "timeout")
         limit = entry.idle_timeout
         self._close(
             entry,
@@ -480,17 +479,21 @@ class BrowserTools:
                 "and was cancelled",
             ),
         )
+        # Only once the timeout is recorded: one the ledger could not take did not happen.
+        self._send_cancel(entry, "timeout")
 
     def _close(self, entry: PendingCall, error_json: str | None) -> None:
         """The server settles the call without a result (None: the ledger already did)."""
-        entry.move(CallEvent.SERVER)
-        self._stop_timers(entry)
         if error_json is not None:
+            # Recorded first: if the ledger cannot be reached (it raises), the call
+            # stays as it was, pending, so the page's result still counts.
             outcome = self.ledger.reject(
                 entry.execution_id, entry.seq, error_json, self.clock.now()
             )
             if outcome.ok:
                 entry.settled_step = outcome.step
+        entry.move(CallEvent.SERVER)
+        self._stop_timers(entry)
         if not entry.future.done():
             entry.future.set_result(None)
 

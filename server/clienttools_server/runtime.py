@@ -11,6 +11,12 @@ other than its record fails the run with a divergence error naming the step.
 This module knows nothing of WebSockets: chunks leave through ``emit`` and
 tools are reached through a :class:`ToolHost`.
 
+With ``client_tools="round-trip"`` page tools are tools without an execute,
+the AI SDK's client-tool pattern: a step that calls one ends the response
+(``finish`` with ``finishReason: "tool-calls"``), and the page's next ``send``,
+whose last assistant message carries the tool parts with their outputs,
+starts a run whose model step reads them. Server tools still run inline.
+
     run = Run(execution.id, request, ledger, ScriptedModel(), host, emit=log.append)
     await run.execute()   # emits start ... finish; marks the execution completed
 """
@@ -30,6 +36,7 @@ from typing import Literal, Protocol, cast
 
 from pydantic import JsonValue
 
+from .config import ClientToolsMode
 from .ledger import (
     Divergence,
     InvalidTransition,
@@ -213,6 +220,7 @@ class Run:
         clock: Callable[[], float] = time.time,
         max_steps: int = 16,
         fresh: bool = False,
+        client_tools: ClientToolsMode = "rpc",
     ) -> None:
         self.execution_id = execution_id
         self.request = request
@@ -222,6 +230,7 @@ class Run:
         self.emit = emit
         self.clock = clock
         self.max_steps = max_steps
+        self.client_tools = client_tools
         # The execution was just started, so it has no steps to replay yet.
         self.fresh = fresh
         # Set by whoever cancels the task for an abort; a cancel without it is a
@@ -270,7 +279,7 @@ class Run:
     async def _loop(self) -> None:
         if not self.fresh:
             self._recorded = frozenset(s.seq for s in self.ledger.steps(self.execution_id))
-        self.emit({"type": "start", "messageId": f"msg-{self.execution_id}"})
+        self.emit({"type": "start", "messageId": self._message_id()})
         messages: list[Message] = messages_from_ui(self.request.messages)
         for step_no in range(self.max_steps):
             self.emit({"type": "start-step"})
@@ -287,7 +296,9 @@ class Run:
                         self.emit({"type": "finish-step"})
                         self._finish("stop")
                         return
-                    planned = [self._plan(call) for call in calls]
+                    # Round trip: the page runs these after the response ends.
+                    handed = [c for c in calls if self._handed_to_page(c)]
+                    planned = [self._plan(call) for call in calls if call not in handed]
                     for p in planned:
                         if p.deliver_now:
                             p.started = self.host.start_client_tool(p.tool, p.call)
@@ -299,8 +310,31 @@ class Run:
                         p.started.abandon()
             messages.extend(task.result() for task in tasks)
             self.emit({"type": "finish-step"})
+            if handed:
+                self._finish("tool-calls")
+                return
             self._check_alive()
         self._finish("length")
+
+    def _message_id(self) -> str:
+        """The id of the assistant message this response builds.
+
+        A request whose last message is the assistant's (a round-trip
+        continuation carrying tool outputs) continues that message, as the AI
+        SDK's own servers do; otherwise the message is new.
+        """
+        last = self.request.messages[-1] if self.request.messages else None
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            message_id = last.get("id")
+            if isinstance(message_id, str) and message_id:
+                return message_id
+        return f"msg-{self.execution_id}"
+
+    def _handed_to_page(self, call: ToolCall) -> bool:
+        return (
+            self.client_tools == "round-trip"
+            and self.host.resolution_for(call.tool_name) == "client"
+        )
 
     def _finish(self, reason: str) -> None:
         self.emit({"type": "finish", "finishReason": reason})

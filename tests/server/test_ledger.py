@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -786,6 +787,34 @@ def test_postgres_ledgers_opened_together_migrate_once(postgres: PostgresServer)
             ledger.close()
 
 
+def test_two_processes_settling_one_step_settle_it_once(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    first, second = PostgresLedger(url), PostgresLedger(url)
+    try:
+        execution = first.start_execution("chat-1", "{}", now=T0)
+        seqs = range(40)
+        for seq in seqs:
+            first.record_step(execution.id, seq, "tool", "t", "{}", "client", T0)
+        barrier = threading.Barrier(2)
+
+        def settle_all(ledger: Ledger, value: str) -> list[bool]:
+            barrier.wait()
+            return [ledger.resolve(execution.id, seq, value, T0 + 1).ok for seq in seqs]
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            one = pool.submit(settle_all, first, '"first"')
+            two = pool.submit(settle_all, second, '"second"')
+            won = list(zip(one.result(), two.result(), strict=True))
+        # Every step was applied by exactly one of the two, and holds that one's value.
+        assert all(a != b for a, b in won)
+        for seq, (first_won, _) in zip(seqs, won, strict=True):
+            step = second.get_step(execution.id, seq)
+            assert step is not None and step.result() == ("first" if first_won else "second")
+    finally:
+        first.close()
+        second.close()
+
+
 def test_text_postgres_cannot_hold_round_trips(postgres: PostgresServer) -> None:
     with PostgresLedger(postgres.fresh_url()) as ledger:
         session, name, request_id = "a\x00b\\0", "t\x00", "r\\\x00"
@@ -820,6 +849,11 @@ def test_calls_fail_clearly_while_the_database_is_away(postgres: PostgresServer)
         step = wait_for(lambda: ledger.get_step(execution_id, seq))
         assert step.state == "pending"
         assert ledger.resolve(execution_id, seq, "1", now=T0 + 2).ok
+
+
+def test_a_postgres_ledger_with_no_database_fails_to_open_clearly(tmp_path: Path) -> None:
+    with pytest.raises(LedgerUnavailable, match="could not connect"):
+        PostgresLedger(f"postgresql://nobody@/none?host={tmp_path}", timeout=0.5)
 
 
 def wait_for(read: Callable[[], Step | None], timeout: float = 30.0) -> Step:

@@ -28,9 +28,12 @@ from tests.support.wait import wait_until
 
 
 @contextlib.asynccontextmanager
-async def processes(url: str, count: int, log_dir: Path) -> AsyncIterator[list[ServerProcess]]:
+async def processes(
+    url: str, count: int, log_dir: Path, *args: str
+) -> AsyncIterator[list[ServerProcess]]:
     servers = [
-        ServerProcess(["--db", url], log=log_dir / f"server-{index}.log") for index in range(count)
+        ServerProcess(["--db", url, *args], log=log_dir / f"server-{index}.log")
+        for index in range(count)
     ]
     try:
         # Started together, before any chat: each resumes what it finds at start-up.
@@ -163,6 +166,42 @@ async def test_a_call_in_flight_waits_for_the_database(
     assert output["output"] == {"n": 5, "sq": 25}
     assert page.executions == {("away", 5): 1}
     assert ledger_runs(url) == [("away", "a1", "completed", [{"n": 5, "sq": 25}])]
+
+
+async def test_a_timeout_the_database_cannot_record_does_not_happen(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The call's timer fires while the database is away: the timeout is not recorded,
+    so the tool is not cancelled either, and its late result is taken once the database
+    is back."""
+    url = postgres.fresh_url()
+    log = tmp_path / "server-0.log"
+    async with processes(url, 1, tmp_path, "--tool-timeout", "1") as (server,):
+        page = await Page.open(server.ws_url("late"))
+        try:
+            chat = await ChatPeer.open(server.ws_url("late"))
+            slow = {3: 3000}
+            request_id = await chat.browser.start_chat(
+                prompt_for("late", [3], ms=slow.__getitem__), "l1"
+            )
+            await wait_until(lambda: ("late", 3) in page.running, what="the tool to run")
+            await asyncio.to_thread(postgres.stop)
+            try:
+                await wait_until(
+                    lambda: "_time_out" in log.read_text(), 30.0, "the timeout to fail"
+                )
+                await wait_until(lambda: ("late", 3) in page.finished, what="the tool to end")
+            finally:
+                await asyncio.to_thread(postgres.start_again)
+            await page.settle(timeout=60.0)
+            response = await chat.response(request_id)
+            await chat.close()
+        finally:
+            await page.close()
+    assert page.cancelled == set()
+    [output] = response.of_type("tool-output-available")
+    assert output["output"] == {"n": 3, "sq": 9}
+    assert ledger_runs(url) == [("late", "l1", "completed", [{"n": 3, "sq": 9}])]
 
 
 async def test_a_chat_started_while_the_database_is_away_is_refused(
