@@ -25,7 +25,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_core import to_jsonable_python
 
-from .journal import Emit, JsonObject, RunJournal, _args
+from .journal import Emit, JsonObject, RunJournal, call_input
 
 
 class ChunkWriter:
@@ -52,17 +52,17 @@ class ChunkWriter:
             if isinstance(part, TextPart):
                 self._open[event.index] = self._new_id("text")
                 self.emit({"type": "text-start", "id": self._open[event.index]})
-                self._text(event.index, part.content)
+                self._delta("text", event.index, part.content)
             elif isinstance(part, ThinkingPart):
                 self._open[event.index] = self._new_id("reasoning")
                 self.emit({"type": "reasoning-start", "id": self._open[event.index]})
-                self._reasoning(event.index, part.content)
+                self._delta("reasoning", event.index, part.content)
         elif isinstance(event, PartDeltaEvent):
             delta = event.delta
             if isinstance(delta, TextPartDelta):
-                self._text(event.index, delta.content_delta)
+                self._delta("text", event.index, delta.content_delta)
             elif isinstance(delta, ThinkingPartDelta) and delta.content_delta:
-                self._reasoning(event.index, delta.content_delta)
+                self._delta("reasoning", event.index, delta.content_delta)
         elif isinstance(event, PartEndEvent):
             part = event.part
             if isinstance(part, TextPart | ThinkingPart):
@@ -73,23 +73,18 @@ class ChunkWriter:
             elif isinstance(part, ToolCallPart):
                 self.tool_call(part)
 
-    def _text(self, index: int, delta: str) -> None:
+    def _delta(self, kind: str, index: int, delta: str) -> None:
+        """A ``text`` or ``reasoning`` delta of the open part at ``index``, recorded too."""
         part_id = self._open.get(index)
         if delta and part_id is not None:
-            self.emit({"type": "text-delta", "id": part_id, "delta": delta})
-            self.journal.events.append({"text": delta})
-
-    def _reasoning(self, index: int, delta: str) -> None:
-        part_id = self._open.get(index)
-        if delta and part_id is not None:
-            self.emit({"type": "reasoning-delta", "id": part_id, "delta": delta})
-            self.journal.events.append({"reasoning": delta})
+            self.emit({"type": f"{kind}-delta", "id": part_id, "delta": delta})
+            self.journal.events.append({kind: delta})
 
     def tool_call(self, part: ToolCallPart) -> None:
         call: JsonObject = {
             "toolCallId": part.tool_call_id,
             "toolName": part.tool_name,
-            "input": _args(part),
+            "input": call_input(part),
         }
         self.journal.events.append({"toolCall": call})
         if part.tool_name in self.journal.output_tools:
@@ -105,13 +100,13 @@ class ChunkWriter:
         )
         self.emit({"type": "tool-input-available", **call})
 
-    def tool_event(self, event: AgentStreamEvent) -> bool:
-        """Emit a tool result's chunk; True when ``event`` was one."""
+    def tool_event(self, event: AgentStreamEvent) -> None:
+        """Emit the chunk of a tool result; any other event has none."""
         if not isinstance(event, FunctionToolResultEvent):
-            return False
+            return
         part = event.part
         if not isinstance(part, ToolReturnPart):
-            return False
+            return
         call_id = part.tool_call_id
         if part.outcome == "success":
             output: JsonValue = to_jsonable_python(part.content)
@@ -124,7 +119,6 @@ class ChunkWriter:
             self.emit_now(
                 {"type": "tool-output-error", "toolCallId": call_id, "errorText": _why(part)}
             )
-        return True
 
 
 def _why(part: ToolReturnPart) -> str:

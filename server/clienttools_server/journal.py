@@ -46,11 +46,11 @@ from pydantic_core import to_jsonable_python
 
 from .history import digest
 from .ledger import Ledger, Resolution, Step, canonical_json
+from .stream import Chunk
 
 logger = logging.getLogger(__name__)
 
 JsonObject: TypeAlias = dict[str, JsonValue]
-Chunk: TypeAlias = dict[str, JsonValue]
 Emit: TypeAlias = Callable[[Chunk], None]
 
 # The error code a tool's ModelRetry is recorded with: replay raises it again.
@@ -214,7 +214,7 @@ class RunJournal:
     def record_answer(self, name: str, step: ModelStep, response: ModelResponse) -> None:
         """Record the answer (unless replayed) and plan and deliver the calls it asks for."""
         calls = [
-            ToolCall(p.tool_call_id, p.tool_name, _args(p))
+            ToolCall(p.tool_call_id, p.tool_name, call_input(p))
             for p in response.parts
             if isinstance(p, ToolCallPart)
             and p.tool_name not in self.deferred_tools
@@ -435,7 +435,8 @@ def tool_result(step: Step) -> Any:
     raise ToolFailed(f"{code}: {message}")
 
 
-def _args(part: ToolCallPart) -> JsonObject:
+def call_input(part: ToolCallPart) -> JsonObject:
+    """The arguments of a model's tool call as JSON; ``{}`` when they do not parse."""
     try:
         args = part.args_as_dict()
     except ValueError:
