@@ -29,11 +29,10 @@ from pydantic import JsonValue
 
 from .hub import Hub
 from .journal import approval_name
-from .ledger import Execution, ExecutionStatus, Ledger, Step
+from .ledger import Execution, ExecutionStatus, Ledger, Resolution, Step
 from .proxy import Applied, Settlement
 
 Answered: TypeAlias = Literal["applied", "duplicate", "stale", "invalid", "not_found"]
-Resolution: TypeAlias = Literal["client", "approval"]
 
 EXECUTION_STATUSES: tuple[ExecutionStatus, ...] = get_args(ExecutionStatus)
 DEFAULT_LIMIT = 100
