@@ -9,6 +9,7 @@ package (the session's chunk collector validates them with Node).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -70,6 +71,15 @@ async def served(tmp_path: Path) -> AsyncIterator[Any]:
         await asyncio.to_thread(server.stop)
 
 
+@contextlib.asynccontextmanager
+async def tapped_page(server: ServerProcess, path: str) -> AsyncIterator[tuple[Tap, ToolClient]]:
+    """A page that talks to ``server`` through a proxy whose :class:`Tap` sees what it gets."""
+    tap = Tap()
+    async with FaultProxy("127.0.0.1", server.port) as proxy:
+        proxy.rules.append(tap.rule())
+        yield tap, ToolClient(proxy.url(path))
+
+
 def _types(chunks: list[dict[str, Any]]) -> list[str]:
     return [c["type"] for c in chunks]
 
@@ -78,10 +88,7 @@ async def test_test_model_calls_the_page_tools_inside_one_response(
     served: Any, chunk_collector: ChunkCollector
 ) -> None:
     server = await served("--model", "test")
-    tap = Tap()
-    async with FaultProxy("127.0.0.1", server.port) as proxy:
-        proxy.rules.append(tap.rule())
-        page = ToolClient(proxy.url("/agents/chat/tm"))
+    async with tapped_page(server, "/agents/chat/tm") as (tap, page):
 
         @page.tool
         async def shout(text: str) -> str:
@@ -107,11 +114,8 @@ async def test_two_page_tools_in_parallel_then_the_answer(
     served: Any, chunk_collector: ChunkCollector
 ) -> None:
     server = await served("--agent", "tests.server.loop_agents:parallel")
-    tap = Tap()
     both_running = asyncio.Barrier(2)
-    async with FaultProxy("127.0.0.1", server.port) as proxy:
-        proxy.rules.append(tap.rule())
-        page = ToolClient(proxy.url("/agents/chat/par"))
+    async with tapped_page(server, "/agents/chat/par") as (tap, page):
 
         @page.tool
         async def locate() -> dict[str, str]:
@@ -189,10 +193,7 @@ async def test_example_agent_serves_its_tool_and_the_pages(
     served: Any, chunk_collector: ChunkCollector
 ) -> None:
     server = await served("--agent", "examples.agent:agent")
-    tap = Tap()
-    async with FaultProxy("127.0.0.1", server.port) as proxy:
-        proxy.rules.append(tap.rule())
-        page = ToolClient(proxy.url("/agents/chat/ex"))
+    async with tapped_page(server, "/agents/chat/ex") as (tap, page):
 
         @page.tool
         async def page_title() -> str:
