@@ -242,14 +242,21 @@ class PendingCalls:
         """
         return self._settle(execution_id, seq, None, Settlement.failure(code, message))
 
-    def _settle(
-        self, execution_id: str, seq: int, kind: Resolution | None, settlement: Settlement
-    ) -> Answer:
+    def find_step(self, execution_id: str, seq: int) -> Step | Answer:
+        """The step, or the ``not_found`` answer that names what is missing."""
         if self.ledger.get_execution(execution_id) is None:
             return Answer("not_found", f"no execution {execution_id[:64]!r}")
         step = self.ledger.get_step(execution_id, seq)
         if step is None:
             return Answer("not_found", f"no step {seq} in execution {execution_id}")
+        return step
+
+    def _settle(
+        self, execution_id: str, seq: int, kind: Resolution | None, settlement: Settlement
+    ) -> Answer:
+        step = self.find_step(execution_id, seq)
+        if isinstance(step, Answer):
+            return step
         if kind is not None and step.resolution != kind:
             verb = "resolve" if kind == "client" else "approve"
             return Answer(

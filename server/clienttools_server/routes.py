@@ -173,10 +173,10 @@ async def settle_step(request: Request) -> Response:
     if not raw_seq.isascii() or not raw_seq.isdigit() or len(raw_seq) > 18:
         return _message(404, f"no step {raw_seq[:32]!r} in execution {execution_id[:64]!r}")
     seq = int(raw_seq)
-    if pending.ledger.get_execution(execution_id) is None:
-        return _message(404, f"no execution {execution_id[:64]!r}")
-    if pending.ledger.get_step(execution_id, seq) is None:
-        return _message(404, f"no step {seq} in execution {execution_id}")
+    # Before the body is read: a missing step is a 404 whatever the body.
+    missing = pending.find_step(execution_id, seq)
+    if isinstance(missing, Answer):
+        return _answer(missing)
     config: ServerConfig = request.app.state.config
     try:
         raw = await _read_json(request, config.max_result_bytes + _BODY_SLACK)
