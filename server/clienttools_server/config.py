@@ -11,7 +11,7 @@ directly and pass it to :func:`clienttools_server.app.create_app`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 
@@ -20,7 +20,7 @@ DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
 # response (the default); "round-trip" offers them to the model as tools without an
 # execute, so the response ends at the call and the page's next `send` carries the output.
 ClientToolsMode: TypeAlias = Literal["rpc", "round-trip"]
-CLIENT_TOOLS_MODES: tuple[ClientToolsMode, ...] = ("rpc", "round-trip")
+CLIENT_TOOLS_MODES: tuple[ClientToolsMode, ...] = get_args(ClientToolsMode)
 
 # How long a finished execution stays in the ledger when ``retention`` is not set.
 # In memory (no --db) nothing outlives the process anyway: a minute covers a page
