@@ -1,4 +1,7 @@
-"""The agent loop in-process: a user's agent tools, approvals inside the stream, round trips."""
+"""The agent loop in-process: a user's agent tools, approvals inside the stream, typed output.
+
+Round trips (``--client-tools round-trip``) are in test_server_round_trip.py.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from pydantic_ai import Agent
 from pydantic_ai.models.test import TestModel
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
-from clienttools_server.__main__ import config_from_args
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
 from clienttools_server.scripted import scripted_model
@@ -123,57 +125,6 @@ async def test_requires_approval_settled_from_outside(
     await settled(bank.hub)
 
 
-async def test_round_trip_ends_the_response_and_continues_from_the_next_send(
-    start_server: Any, open_browser: Any
-) -> None:
-    server = await start_server(client_tools="round-trip")
-    tab = await open_browser(server)
-    await tab.register([tool_spec("echo")])
-    first = await tab.chat('call echo {"x": 1}')
-    assert first.types[-3:] == ["tool-input-available", "finish-step", "finish"]
-    assert first.chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
-    assert first.final["type"] == "end"
-    assert tab.invokes == []
-    [call] = first.of_type("tool-input-available")
-    request_id = "req-continue"
-    await tab.send(
-        {
-            "type": "send",
-            "requestId": request_id,
-            "id": "chat-1",
-            "trigger": "submit-message",
-            "messages": [
-                {
-                    "id": "u1",
-                    "role": "user",
-                    "parts": [{"type": "text", "text": 'call echo {"x": 1}'}],
-                },
-                {
-                    "id": "a1",
-                    "role": "assistant",
-                    "parts": [
-                        {"type": "step-start"},
-                        {
-                            "type": "tool-echo",
-                            "toolCallId": call["toolCallId"],
-                            "state": "output-available",
-                            "input": {"x": 1},
-                            "output": {"x": 1},
-                        },
-                    ],
-                },
-            ],
-            "headers": {},
-            "body": {},
-        }
-    )
-    await tab.expect("start", requestId=request_id)
-    second = await tab.response(request_id)
-    assert second.text == 'echo -> {"x":1}'
-    assert second.chunks[-1] == {"type": "finish", "finishReason": "stop"}
-    await settled(server.hub)
-
-
 async def test_structured_output_is_the_answer_and_no_tool_step(
     chunk_collector: ChunkCollector,
 ) -> None:
@@ -199,20 +150,6 @@ async def test_structured_output_is_the_answer_and_no_tool_step(
             ("tool", "server_time"),
             ("model", "test"),
         ]
-
-
-def test_loop_flags_reach_the_config() -> None:
-    config = config_from_args(
-        ["--client-tools", "round-trip", "--first-chunk-delay", "0.5", "--chunk-delay", "0.1",
-         "--agent", "examples.agent:agent", "--model", "test"]
-    )  # fmt: skip
-    assert (config.client_tools, config.first_chunk_delay, config.chunk_delay) == (
-        "round-trip", 0.5, 0.1,
-    )  # fmt: skip
-    assert (config.agent, config.model) == ("examples.agent:agent", "test")
-    assert config_from_args([]).client_tools == "rpc"
-    with pytest.raises(SystemExit):
-        config_from_args(["--chunk-delay", "-1"])
 
 
 async def test_the_scripted_model_waits_its_delays() -> None:

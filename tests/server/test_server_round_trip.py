@@ -148,11 +148,13 @@ async def test_scripted_latency_delays_first_chunk_and_spaces_the_rest(
 
 def test_cli_flags_reach_the_config() -> None:
     config = config_from_args(
-        ["--client-tools", "round-trip", "--first-chunk-delay", "0.5", "--chunk-delay", "0.02"]
-    )
+        ["--client-tools", "round-trip", "--first-chunk-delay", "0.5", "--chunk-delay", "0.02",
+         "--agent", "examples.agent:agent", "--model", "test"]
+    )  # fmt: skip
     assert (config.client_tools, config.first_chunk_delay, config.chunk_delay) == (
         "round-trip", 0.5, 0.02,
     )  # fmt: skip
+    assert (config.agent, config.model) == ("examples.agent:agent", "test")
     defaults = config_from_args([])
     assert (defaults.client_tools, defaults.first_chunk_delay, defaults.chunk_delay) == (
         "rpc", 0.0, 0.0,
