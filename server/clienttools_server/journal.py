@@ -313,14 +313,16 @@ class RunJournal:
             self.clock(),
         )  # fmt: skip
 
-    def planned_call(self, ctx: RunContext[Any]) -> PlannedCall:
+    async def approved_call(self, ctx: RunContext[Any]) -> PlannedCall:
+        """The planned call pydantic-ai is calling, once its approval (if any) is settled."""
         planned = self.planned.get(ctx.tool_call_id or "")
         if planned is None:
             raise RunFailed(f"the tool call {ctx.tool_call_id!r} has no ledger step")
         planned.called = True
+        await self._settle_approval(planned)
         return planned
 
-    async def settle_approval(self, planned: PlannedCall) -> None:
+    async def _settle_approval(self, planned: PlannedCall) -> None:
         """Wait for the approval in front of the call, if any; a refusal denies the call."""
         approval, call = planned.approval, planned.call
         if approval is None:
@@ -548,11 +550,9 @@ class JournaledToolset(WrapperToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        journal = self.journal
-        planned = journal.planned_call(ctx)
-        await journal.settle_approval(planned)
+        planned = await self.journal.approved_call(ctx)
         approved = dataclasses.replace(ctx, tool_call_approved=True)
-        step = await journal.run_server(
+        step = await self.journal.run_server(
             planned, lambda: self.wrapped.call_tool(name, tool_args, approved, tool)
         )
         return tool_result(step)

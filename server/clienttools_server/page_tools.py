@@ -86,10 +86,8 @@ class PageToolset(AbstractToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        journal = self.journal
-        planned = journal.planned_call(ctx)
-        await journal.settle_approval(planned)
-        return tool_result(await journal.run_client(planned))
+        planned = await self.journal.approved_call(ctx)
+        return tool_result(await self.journal.run_client(planned))
 
 
 def definition(spec: ToolSpec) -> ToolDefinition:
