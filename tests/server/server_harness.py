@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import sqlite3
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -365,3 +366,12 @@ def user_message(text: str) -> dict[str, Any]:
 def first_step_input(text: str) -> str:
     """The recorded input of the first model step of a chat that starts with ``text``."""
     return canonical_json({"step": 0, "messages": digest(history_from_ui([user_message(text)]))})
+
+
+def sqlite_rows(db: Path) -> list[Any]:
+    """Every row of a SQLite ledger file, to compare byte for byte before and after."""
+    with sqlite3.connect(db) as raw:
+        rows = raw.execute("SELECT * FROM executions ORDER BY id").fetchall()
+        rows += raw.execute("SELECT * FROM steps ORDER BY execution_id, seq").fetchall()
+    raw.close()
+    return rows

@@ -18,13 +18,12 @@ answer). A fitting output is applied on every path.
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
-from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
+from server_harness import ChunkCollector, FakeBrowser, settled, sqlite_rows, tool_spec
 
 from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
@@ -180,14 +179,6 @@ async def test_results_sent_to_a_restarted_server_are_checked_against_the_record
         await settled(server.hub)
 
 
-def _ledger_rows(db: Path) -> list[Any]:
-    with sqlite3.connect(db) as raw:
-        rows = raw.execute("SELECT * FROM executions ORDER BY id").fetchall()
-        rows += raw.execute("SELECT * FROM steps ORDER BY execution_id, seq").fetchall()
-    raw.close()
-    return rows
-
-
 async def test_http_resolves_are_checked(tmp_path: Path, chunk_collector: ChunkCollector) -> None:
     db = tmp_path / "l.sqlite3"
     async with running_server(_config(db)) as server:
@@ -204,13 +195,13 @@ async def test_http_resolves_are_checked(tmp_path: Path, chunk_collector: ChunkC
             step = steps[invoke["requestId"]]
             [schema] = [s for k, s, _, _ in TABLE if _tool(k) == invoke["toolName"]]
             bad = _output(invoke["toolName"], "bad")
-            before = _ledger_rows(db)
+            before = sqlite_rows(db)
             path = f"/executions/{step.execution_id}/steps/{step.seq}/resolve"
             reply = await http_json(host, port, "POST", path, {"output": bad})
             assert reply.status == 422, (invoke["toolName"], reply.body)
             assert reply.json["outcome"] == "invalid"
             assert _jsonschema_message(schema, bad) in reply.json["message"], reply.json
-            assert _ledger_rows(db) == before, invoke["toolName"]  # nothing changed
+            assert sqlite_rows(db) == before, invoke["toolName"]  # nothing changed
             # The step is still pending: a reject tells the model what the output was.
             path = f"/executions/{step.execution_id}/steps/{step.seq}/reject"
             reply = await http_json(

@@ -17,7 +17,6 @@ import asyncio
 import os
 import re
 import shlex
-import sqlite3
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from server_harness import sqlite_rows
 
 from clienttools import ToolClient
 from clienttools_server.app import running_server
@@ -64,11 +64,7 @@ class Server:
 
     def ledger_rows(self) -> list[Any]:
         """Every row of the ledger, read from the file the server process writes."""
-        with sqlite3.connect(self.db) as raw:
-            rows = raw.execute("SELECT * FROM executions ORDER BY id").fetchall()
-            rows += raw.execute("SELECT * FROM steps ORDER BY execution_id, seq").fetchall()
-        raw.close()
-        return rows
+        return sqlite_rows(self.db)
 
     async def restart(self) -> None:
         self.process.kill()  # SIGKILL: nothing of the shutdown runs
