@@ -37,10 +37,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from clienttools.protocol import ToolSpec
 
 from .journal import RunJournal, tool_result
-from .server_tools import ANY_ARGS
-
-# A model that keeps sending arguments the page refuses gets this many retries.
-MAX_RETRIES = 3
+from .server_tools import ANY_ARGS, MAX_RETRIES
 
 
 class PageTools(Protocol):

@@ -23,6 +23,8 @@ from .journal import JsonObject, ToolFailure
 
 # Arguments go to the tool as the model sent them; the tool checks them itself.
 ANY_ARGS = SchemaValidator(schema=core_schema.any_schema())
+# A model that keeps sending arguments a tool refuses gets this many retries (page tools too).
+MAX_RETRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ class ServerToolset(AbstractToolset[Any]):
                     description=tool.description,
                     kind="unapproved" if tool.needs_approval else "function",
                 ),
-                max_retries=3,
+                max_retries=MAX_RETRIES,
                 args_validator=ANY_ARGS,
             )
             for tool in self.tools.values()
