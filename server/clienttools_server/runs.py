@@ -7,7 +7,8 @@ again after a restart: recorded steps are replayed, the rest runs. The chunks
 the page receives come from the run's events (:mod:`.chunks`). This module
 knows nothing of WebSockets: chunks leave through ``emit``.
 
-    run = Run(execution.id, request, ledger, agent, model, pages, server_tools, emit=log.append)
+    run = Run(execution.id, request, ledger, agent, model, pages, server_tools, log.append,
+              clock=clock.now)
     await run.execute()   # emits start ... finish; marks the execution completed
 """
 
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -89,7 +89,7 @@ class Run:
         server_tools: AbstractToolset[Any],
         emit: Emit,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
         max_steps: int = 16,
         fresh: bool = False,
         client_tools: ClientToolsMode = "rpc",
