@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_core import to_jsonable_python
 
+from .history import unknown_tool
 from .journal import Emit, JsonObject, RunJournal, call_input
 
 
@@ -122,7 +123,7 @@ class ChunkWriter:
 
 
 def _why(part: ToolReturnPart) -> str:
-    if part.retry is not None and part.retry.cause == "unknown_tool":
+    if unknown_tool(part):
         return f"unknown_tool: there is no tool named {part.tool_name!r}"
     content = part.content
     return content if isinstance(content, str) else str(to_jsonable_python(content))

@@ -101,12 +101,11 @@ def tagged(messages: Sequence[ModelMessage]) -> list[JsonValue]:
                 content = part.content if isinstance(part.content, str) else repr(part.content)
                 out.append({"kind": "UserMessage", "text": content})
             elif isinstance(part, ToolReturnPart):
-                result: JsonValue
-                if part.retry is not None and part.retry.cause == "unknown_tool":
-                    # Its text lists the tools registered at the time: not stable across a restart.
-                    result = "unknown_tool"
-                else:
-                    result = to_jsonable_python(part.content)
+                # An unknown tool's text lists the tools registered at the time: not
+                # stable across a restart.
+                result: JsonValue = (
+                    "unknown_tool" if unknown_tool(part) else to_jsonable_python(part.content)
+                )
                 out.append(
                     {
                         "kind": "ToolResult",
@@ -117,6 +116,11 @@ def tagged(messages: Sequence[ModelMessage]) -> list[JsonValue]:
                     }
                 )
     return out
+
+
+def unknown_tool(part: ToolReturnPart) -> bool:
+    """Is this pydantic-ai's own answer to a call of a tool that does not exist?"""
+    return part.retry is not None and part.retry.cause == "unknown_tool"
 
 
 def digest(messages: Sequence[ModelMessage]) -> str:

@@ -43,6 +43,8 @@ from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import TOOL_NAME_PATTERN
 
+from .history import unknown_tool
+
 JsonObject: TypeAlias = dict[str, JsonValue]
 
 SCRIPTED = "scripted"
@@ -171,7 +173,7 @@ def result_line(call: ToolCallPart, result: ToolReturnPart | None) -> str:
         return f"{name} -> {compact_json(to_jsonable_python(result.content))}"
     if result.outcome == "denied":
         return f"{name} failed: denied: {result.content}"
-    if result.retry is not None and result.retry.cause == "unknown_tool":
+    if unknown_tool(result):
         return f"{name} failed: unknown_tool: there is no tool named {name!r}"
     return f"{name} failed: {_text(result.content)}"
 
