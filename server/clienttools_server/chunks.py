@@ -26,18 +26,18 @@ from pydantic_ai.messages import (
 from pydantic_core import to_jsonable_python
 
 from .history import unknown_tool
-from .journal import Emit, JsonObject, RunJournal, call_input
+from .journal import JsonObject, RunJournal, call_input
 
 
 class ChunkWriter:
     """Turns one run's events into chunks, in order, through ``emit``."""
 
-    def __init__(self, emit: Emit, journal: RunJournal) -> None:
+    def __init__(self, journal: RunJournal) -> None:
         self.journal = journal
         # The model's chunks go through the journal, which holds those after a tool
         # call until the answer is recorded; tool results go out at once.
         self.emit = journal.hold
-        self.emit_now = emit
+        self.emit_now = journal.emit
         self._parts = 0
         # part index -> the chunk id of the open text or reasoning part
         self._open: dict[int, str] = {}

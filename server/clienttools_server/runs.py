@@ -175,7 +175,7 @@ class Run:
         journal = self.journal = RunJournal(
             self.execution_id, self.ledger, self.pages, self.emit, self.clock, fresh=self.fresh
         )
-        writer = ChunkWriter(self.emit, journal)
+        writer = ChunkWriter(journal)
         self.emit({"type": "start", "messageId": self._message_id()})
         round_trip = self.client_tools == "round-trip"
         own = JournaledToolset(CombinedToolset([*self.agent.toolsets, self.server_tools]), journal)
