@@ -59,8 +59,8 @@ from .ledger import (
     FINISHED_STATUSES,
     Execution,
     ExecutionStatus,
-    LedgerClosed,
     Leases,
+    LedgerClosed,
     LedgerUnavailable,
     Outcome,
     Resolution,
@@ -138,7 +138,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
     # 3: run ownership: the lease's owner, its generation (fencing), until when it holds.
     (
-        "ALTER TABLE executions ADD COLUMN owner TEXT COLLATE \"C\"",
+        'ALTER TABLE executions ADD COLUMN owner TEXT COLLATE "C"',
         "ALTER TABLE executions ADD COLUMN generation BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE executions ADD COLUMN lease_until DOUBLE PRECISION",
     ),
