@@ -49,7 +49,7 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, Outcome, Step
+from .ledger import Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .remembered import RememberedTools
 from .runs import Run, RunRequest
@@ -209,6 +209,8 @@ class Hub:
             try:
                 self.renew_now()
                 self.take_over_now()
+            except LedgerUnavailable as exc:
+                logger.warning("renewing or taking over leases: %s", exc)
             except Exception:
                 logger.exception("renewing or taking over leases failed")
 

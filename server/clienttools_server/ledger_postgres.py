@@ -151,10 +151,13 @@ _EXECUTION_COLUMNS = (
 )
 # The fence every write for an execution carries: it applies only while the
 # execution is at the generation this instance holds (NULL: not one of ours, no
-# fence). FOR SHARE: a take-over waits for this write, or this write sees it.
+# fence). The row lock: a take-over waits for this write, or this write waits for
+# the take-over and then sees the new generation. NO KEY UPDATE, the lock the
+# execution's own UPDATE takes anyway: two writers for one execution queue up on
+# it instead of both sharing it and then deadlocking on the upgrade.
 _FENCE = (
     "EXISTS (SELECT 1 FROM executions WHERE id = %s "
-    "AND generation = COALESCE(%s::bigint, generation) FOR SHARE)"
+    "AND generation = COALESCE(%s::bigint, generation) FOR NO KEY UPDATE)"
 )
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
