@@ -14,10 +14,11 @@ await client.connect()
 
 from __future__ import annotations
 
-import sys
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from clienttools.client import ToolClient
+from clienttools.rules import LocalProtocolError
 from clienttools.tools import (
     InvalidInput,
     InvalidOutput,
@@ -37,22 +38,25 @@ __version__ = "0.1.0"
 
 # The chat layer is imported on first use: it is most of the SDK's import time, and a
 # page that only hosts tools never needs it (cold start, bench/README.md).
-_CHAT_NAMES = frozenset({"Chat", "ChatResponseError", "ChatStatus", "UIMessage"})
+_LAZY_NAMES = {
+    "Chat": "clienttools.chatclient",
+    "ChatResponseError": "clienttools.chat",
+    "ChatStatus": "clienttools.chat",
+    "UIMessage": "clienttools.uimessage",
+}
 
 if TYPE_CHECKING:
-    from clienttools.chat import Chat, ChatResponseError, ChatStatus, UIMessage
+    from clienttools.chat import ChatResponseError, ChatStatus
+    from clienttools.chatclient import Chat
+    from clienttools.uimessage import UIMessage
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CHAT_NAMES:
-        from clienttools import chat
-
-        return getattr(chat, name)
+    module = _LAZY_NAMES.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'clienttools' has no attribute {name!r}")
 
-
-if sys.platform == "emscripten":  # in a page: the browser adapter, and logs to the console
-    import clienttools.browser  # noqa: F401
 
 __all__ = [
     "Chat",
@@ -62,6 +66,7 @@ __all__ = [
     "ConnectionFailed",
     "InvalidInput",
     "InvalidOutput",
+    "LocalProtocolError",
     "RegistrationTimeout",
     "Tool",
     "ToolClient",

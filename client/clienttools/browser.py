@@ -10,7 +10,9 @@ Every JS callback is a `create_proxy` that this module keeps and destroys when
 its socket closes (or fails to open), so reconnecting forever leaks nothing.
 `BrowserConnector.proxies_created` and `.proxies_destroyed` count them; a
 browser test checks that they match after many reconnects. Importing this module
-sends the SDK's log records to the browser console (see `ConsoleLogHandler`).
+changes nothing; `log_to_console()` sends the SDK's log records to the browser
+console (see `ConsoleLogHandler`), and `ToolClient` calls it when it picks these
+adapters.
 """
 
 from __future__ import annotations
@@ -268,6 +270,3 @@ def log_to_console() -> None:
     logger = logging.getLogger("clienttools")
     if not any(isinstance(h, ConsoleLogHandler) for h in logger.handlers):
         logger.addHandler(ConsoleLogHandler())
-
-
-log_to_console()

@@ -3,8 +3,16 @@
 The client wires a `ToolRegistry` (tools.py), the sans-I/O `Session`
 (session.py) and a `Connector` (transport.py). It is plain asyncio, so the same
 code runs under CPython and in Pyodide (whose WebLoop drives asyncio); only the
-connector differs, and it is picked by itself: `browser.BrowserConnector` on
-Pyodide, `native.NativeConnector` elsewhere.
+adapters differ, and `current_platform()` picks them, the one place that looks:
+`browser.BrowserConnector` on Pyodide, `native.NativeConnector` elsewhere.
+
+Each job has its own small class; `ToolClient` is the public face and the
+supervisor (connect, reconnect with backoff, close) that drives them:
+
+- `connection.Connection`: one socket, its reader and writer tasks;
+- `outbox.OutboxWriter`: the unacknowledged results in their store, batched;
+- `ToolRuns`: the tasks of running async tools; `DeadlineTimer`: the one timer;
+- the status moves by the table `CLIENT_TRANSITIONS`.
 
     client = ToolClient("ws://127.0.0.1:8000/agents/chat/demo")
 
@@ -37,17 +45,22 @@ tools again and re-sends every result the server has not acknowledged (C11).
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import logging
 import sys
 import uuid
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overload
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from clienttools import protocol
+from clienttools.connection import Connection
+from clienttools.observers import Observers
+from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
+from clienttools.rules import LocalProtocolError
 from clienttools.session import (
     DEFAULT_PING_INTERVAL,
     CancelTool,
@@ -73,7 +86,7 @@ from clienttools.transport import (
 )
 
 if TYPE_CHECKING:
-    from clienttools.chat import Chat
+    from clienttools.chatclient import Chat
 
 logger = logging.getLogger("clienttools")
 
@@ -85,27 +98,171 @@ StatusCallback: TypeAlias = Callable[[ConnectionStatus], None]
 CLOSE_GRACE_SECONDS = 2.0
 #: Close code for a connection dropped because nothing arrived on it (C12).
 CLOSE_CODE_SILENT = 4000
-#: Seconds an outbox change may wait before it is written to the store. Writing the
-#: whole outbox on every change was over half of an invoke's time in the browser, and
-#: quadratic while results wait for acks (bench/README.md). The outbox turning empty or
-#: non-empty is written at once (a small write); changes to a non-empty outbox are
-#: batched. Closing the client, and in the browser hiding or leaving the page, write
-#: at once too.
-OUTBOX_SAVE_DELAY = 0.02
+__all__ = [
+    "CLIENT_TRANSITIONS",
+    "OUTBOX_SAVE_DELAY",
+    "ClientEvent",
+    "ConnectionStatus",
+    "Platform",
+    "ToolClient",
+    "current_platform",
+]
 
 
-@dataclass(eq=False)
-class _Connection:
-    """One socket and the two tasks that serve it."""
+class ClientEvent(enum.Enum):
+    CONNECT = "connect"  # connect() was called
+    OPENED = "opened"  # a socket opened and the server acknowledged the tools
+    LOST = "lost"  # the open connection ended unexpectedly; reconnecting
+    CLOSED = "closed"  # closed for good: close(), a failed connect(), or reconnect off
 
-    socket: Socket
-    # The first cf_agent_client_tools_ack, or why the socket ended before it came.
-    registered: asyncio.Future[ToolsAcknowledged | str]
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    wake_writer: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    close_code: int = 1000
-    close_reason: str = ""
+
+#: The client status as a table: `CLIENT_TRANSITIONS[status][event]` is the next
+#: status; a missing entry raises `LocalProtocolError`. Closing is always possible
+#: (and closing twice harmless); nothing but connect() leaves "closed".
+CLIENT_TRANSITIONS: Final[Mapping[ConnectionStatus, Mapping[ClientEvent, ConnectionStatus]]] = {
+    "idle": {ClientEvent.CONNECT: "connecting", ClientEvent.CLOSED: "closed"},
+    "connecting": {ClientEvent.OPENED: "open", ClientEvent.CLOSED: "closed"},
+    "open": {ClientEvent.LOST: "reconnecting", ClientEvent.CLOSED: "closed"},
+    "reconnecting": {ClientEvent.OPENED: "open", ClientEvent.CLOSED: "closed"},
+    "closed": {ClientEvent.CONNECT: "connecting", ClientEvent.CLOSED: "closed"},
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """How one platform opens sockets and where it keeps the outbox; each made on first use."""
+
+    connector: Callable[[], Connector]
+    outbox_store: Callable[[str], OutboxStore]
+
+
+def _browser() -> Any:
+    from clienttools import browser
+
+    browser.log_to_console()  # in a page, records belong in the console, not on stderr
+    return browser
+
+
+def _native_connector() -> Connector:
+    # Imported only when used: a client given its own connector needs no `websockets`.
+    from clienttools.native import NativeConnector
+
+    return NativeConnector()
+
+
+BROWSER: Final = Platform(
+    connector=lambda: _browser().BrowserConnector(),
+    outbox_store=lambda url: _browser().SessionStorageOutbox(url),
+)
+NATIVE: Final = Platform(connector=_native_connector, outbox_store=lambda url: MemoryOutboxStore())
+
+
+def current_platform() -> Platform:
+    """The adapters of the platform this runs on; the one place that checks it.
+
+    In Pyodide: the browser's WebSocket and a sessionStorage outbox, and the SDK's
+    log records go to the browser console (`browser.log_to_console`). Elsewhere:
+    the `websockets` library and an outbox in memory.
+    """
+    return BROWSER if sys.platform == "emscripten" else NATIVE
+
+
+class DeadlineTimer:
+    """One asyncio timer, kept at the session's next deadline; `fire(deadline)` when it passes."""
+
+    __slots__ = ("_at", "_fire", "_handle")
+
+    def __init__(self, fire: Callable[[float], None]) -> None:
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self._at: float | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def rearm(self, deadline: float | None) -> None:
+        # Every frame pushes the liveness deadline later; rather than re-arm per frame,
+        # let an earlier timer fire: tick() then does nothing and the timer moves on.
+        if deadline is not None and self._at is not None and self._at <= deadline:
+            return
+        if deadline == self._at:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle, self._at = None, deadline
+        if deadline is not None:
+            self._handle = asyncio.get_running_loop().call_at(deadline, self._on_time, deadline)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle, self._at = None, None
+
+    def _on_time(self, deadline: float) -> None:
+        self._handle, self._at = None, None
+        self._fire(deadline)
+
+
+class ToolRuns:
+    """The asyncio tasks of the async tools that are running, by requestId.
+
+    A sync tool runs inline in `start` and reports at once. For an async tool the
+    tool's own coroutine is the task, so a cancel lands inside the tool, even one
+    cancelled before its first step; the done callback reports the outcome.
+    """
+
+    def __init__(self, session: Session, on_input: Callable[[], None]) -> None:
+        self._session = session
+        self._on_input = on_input
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, run: RunTool) -> None:
+        request_id = run.request_id
+        session = self._session
+
+        def report_progress(progress: float, total: float | None, message: str | None) -> None:
+            session.report_progress(request_id, progress, total, message)
+            self._on_input()
+
+        # Only a tool that declares a ToolContext parameter gets one: most do not.
+        context = run.context(report_progress) if run.tool.context_parameter else None
+        try:
+            result = run.tool.call(run.arguments, context)
+        except Exception as exc:  # a sync tool raised
+            session.tool_raised(request_id, exc)
+            return
+        if not run.tool.is_async:
+            session.tool_returned(request_id, result)
+            return
+        task = asyncio.get_running_loop().create_task(
+            result, name=f"clienttools tool {run.tool.name} {request_id}"
+        )
+        task.add_done_callback(functools.partial(self._done, request_id))
+        self._tasks[request_id] = task
+
+    def cancel(self, request_id: str, reason: str) -> None:
+        task = self._tasks.get(request_id)
+        if task is not None:
+            task.cancel(f"cancelled: {reason}")
+
+    async def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` for every run to end; log the ones that would not."""
+        runs = list(self._tasks.values())
+        if runs:
+            _, stubborn = await asyncio.wait(runs, timeout=timeout)
+            for task in stubborn:
+                logger.warning("tool task %s ignored its cancellation", task.get_name())
+
+    def _done(self, request_id: str, task: asyncio.Task[Any]) -> None:
+        self._tasks.pop(request_id, None)
+        if task.cancelled():
+            self._session.tool_cancelled(request_id)
+        elif (exc := task.exception()) is not None:
+            self._session.tool_raised(request_id, exc)
+        else:
+            self._session.tool_returned(request_id, task.result())
+        self._on_input()
 
 
 class ToolClient:
@@ -149,6 +306,7 @@ class ToolClient:
         self._open_url = _with_token(url, token)
         self._connector = connector
         self._outbox_store = outbox_store
+        self._platform = current_platform()
         self._registry = registry if registry is not None else ToolRegistry()
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
@@ -162,20 +320,15 @@ class ToolClient:
         self._chat_id = chat_id or _session_of(url)
         self._chat: Chat | None = None
         self._status: ConnectionStatus = "idle"
-        self._status_callbacks: list[StatusCallback] = []
+        self._status_observers: Observers[[ConnectionStatus]] = Observers("status")
         self._closed_event: asyncio.Event | None = None
         self._closing = False
-        self._outbox_restored = False
-        self._saved_outbox_revision = self._session.outbox_revision
-        self._saved_outbox_text: str | None = None
-        self._saved_outbox_empty = True
-        self._outbox_timer: asyncio.TimerHandle | None = None
-        self._connection: _Connection | None = None
+        self._outbox: OutboxWriter | None = None
+        self._connection: Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._runs = ToolRuns(self._session, self._pump)
         self._background: set[asyncio.Task[Any]] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._timer = DeadlineTimer(self._on_timer)
         self._pumping = False
         self._unsubscribe_registry: Callable[[], None] | None = None
 
@@ -232,7 +385,7 @@ class ToolClient:
         page that only hosts tools never needs it (cold start, bench/README.md).
         """
         if self._chat is None:
-            from clienttools.chat import Chat
+            from clienttools.chatclient import Chat
 
             self._chat = Chat(self._send_chat_frame, chat_id=self._chat_id)
         return self._chat
@@ -250,27 +403,24 @@ class ToolClient:
         return self._status == "open"
 
     def on_status(self, callback: StatusCallback) -> Callable[[], None]:
-        """Call `callback(status)` on every status change; returns an unsubscribe function."""
-        self._status_callbacks.append(callback)
+        """Call `callback(status)` on every status change; returns an unsubscribe function.
 
-        def unsubscribe() -> None:
-            if callback in self._status_callbacks:
-                self._status_callbacks.remove(callback)
+        A callback that raises is logged; the connection and the other callbacks go on.
+        """
+        return self._status_observers.subscribe(callback)
 
-        return unsubscribe
-
-    def _set_status(self, status: ConnectionStatus) -> None:
+    def _step(self, event: ClientEvent) -> None:
+        """Move the status by `CLIENT_TRANSITIONS`; tell the observers when it changed."""
+        status = CLIENT_TRANSITIONS[self._status].get(event)
+        if status is None:
+            raise LocalProtocolError(f"a client that is {self._status} cannot be {event.value}")
         if status == self._status:
             return
         self._status = status
         logger.info("%s: %s", redact_token(self.url), status)
         if status == "closed" and self._closed_event is not None:
             self._closed_event.set()
-        for callback in list(self._status_callbacks):
-            try:
-                callback(status)
-            except Exception:  # an app callback must not break the connection
-                logger.exception("status callback failed")
+        self._status_observers.notify(status)
 
     # --- connect and close -------------------------------------------------------------
 
@@ -287,9 +437,9 @@ class ToolClient:
             raise RuntimeError(f"ToolClient.connect() called while {self._status}")
         self._closing = False
         self._closed_event = asyncio.Event()
-        self._restore_outbox()
+        self._outbox_writer().restore()
         self._unsubscribe_registry = self._registry.on_change(self._registry_changed)
-        self._set_status("connecting")
+        self._step(ClientEvent.CONNECT)
         try:
             await self._open(first=True)
         except BaseException:
@@ -339,17 +489,16 @@ class ToolClient:
     def connector(self) -> Connector:
         """The adapter that opens sockets: the browser one in Pyodide, else the native one."""
         if self._connector is None:
-            self._connector = self._default_connector()
+            self._connector = self._platform.connector()
         return self._connector
 
-    def _default_connector(self) -> Connector:
-        if sys.platform == "emscripten":
-            from clienttools.browser import BrowserConnector
-
-            return BrowserConnector()
-        from clienttools.native import NativeConnector
-
-        return NativeConnector()
+    def _outbox_writer(self) -> OutboxWriter:
+        if self._outbox is None:
+            store = self._outbox_store
+            if store is None:
+                store = self._platform.outbox_store(self.url)
+            self._outbox = OutboxWriter(self._session, store)
+        return self._outbox
 
     async def _open(self, *, first: bool) -> None:
         """Open a socket and register the tools; raise ConnectError on any failure."""
@@ -384,92 +533,31 @@ class ToolClient:
                 raise ToolsRejected(self._open_url, outcome.rejected)
             for rejected in outcome.rejected:
                 logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
-        self._set_status("open")
+        self._step(ClientEvent.OPENED)
         if not first and self._chat is not None:
             self._spawn(self._chat.connection_restored(), "chat resume")
 
-    def _attach(self, socket: Socket) -> _Connection:
-        loop = asyncio.get_running_loop()
-        connection = _Connection(socket, loop.create_future())
+    def _attach(self, socket: Socket) -> Connection:
+        connection = Connection(socket, self._session, self._pump)
         self._connection = connection
-        self._session.connection_opened(loop.time())
-        connection.tasks = [
-            loop.create_task(self._read(connection), name="clienttools reader"),
-            loop.create_task(self._write(connection), name="clienttools writer"),
-        ]
+        self._session.connection_opened(asyncio.get_running_loop().time())
+        connection.start()
         self._pump()
         return connection
 
-    async def _detach(self, connection: _Connection) -> None:
+    async def _detach(self, connection: Connection) -> None:
         """Forget a connection: stop its tasks, close its socket, tell the session and chat."""
-        self._end(connection, "the client dropped the connection")
+        connection.end("the client dropped the connection")
         if self._connection is connection:
             self._connection = None
+            connection.detached = True
             self._session.connection_lost(asyncio.get_running_loop().time())
             if self._chat is not None:
                 self._chat.connection_lost()
-        current = asyncio.current_task()
-        tasks = [t for t in connection.tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await connection.stop()
         # Closing waits for the peer's close frame; never let that hold up a reconnect.
-        self._spawn(
-            connection.socket.close(connection.close_code, connection.close_reason), "socket close"
-        )
+        self._spawn(connection.close_socket(), "socket close")
         self._pump()
-
-    def _end(self, connection: _Connection, why: str) -> None:
-        """Mark a connection as over (idempotent); the supervisor takes it from there."""
-        if not connection.registered.done():
-            connection.registered.set_result(why)
-        connection.ended.set()
-
-    async def _read(self, connection: _Connection) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            deliver_to = getattr(connection.socket, "deliver_to", None)
-            if deliver_to is not None:
-                # The browser socket hands frames over from its onmessage event, without
-                # a turn of this task per frame (bench/README.md); this task then only
-                # waits for the close.
-                deliver_to(functools.partial(self._receive_frame, connection, loop))
-            while (data := await connection.socket.receive()) is not None:
-                self._session.receive_frame(data, loop.time())
-                self._pump()
-        except Exception:
-            logger.exception("reading from the socket failed")
-        finally:
-            self._end(connection, _closed_before_ack(connection.socket))
-
-    def _receive_frame(
-        self, connection: _Connection, loop: asyncio.AbstractEventLoop, data: str | bytes
-    ) -> None:
-        """One frame handed over by the socket itself (see _read): what the reader does."""
-        if self._connection is not connection:
-            return  # detached: the reader task would have been cancelled by now
-        try:
-            self._session.receive_frame(data, loop.time())
-            self._pump()
-        except Exception:
-            logger.exception("reading from the socket failed")
-            self._end(connection, "handling a frame failed")
-
-    async def _write(self, connection: _Connection) -> None:
-        # The only task that sends on this socket, so frames leave in session order.
-        while True:
-            await connection.wake_writer.wait()
-            connection.wake_writer.clear()
-            if self._connection is not connection:
-                return
-            for text in self._session.frames_to_send():
-                try:
-                    await connection.socket.send(text)
-                except Exception as exc:
-                    # The reader sees the close too; unsent results wait in the outbox.
-                    logger.info("send failed (%s); the connection is going away", exc)
-                    self._end(connection, f"sending failed: {exc}")
-                    return
 
     async def _supervise(self) -> None:
         """Watch the open connection; after an unexpected end, reconnect with backoff (C11)."""
@@ -485,7 +573,7 @@ class ToolClient:
                 logger.warning("connection lost; reconnect is off, so the client closes")
                 self._spawn(self._stop(), "close")
                 return
-            self._set_status("reconnecting")
+            self._step(ClientEvent.LOST)
             for delay in backoff():
                 await asyncio.sleep(delay)
                 try:
@@ -504,21 +592,14 @@ class ToolClient:
             await asyncio.gather(supervisor, return_exceptions=True)
         connection = self._connection
         if connection is not None:
-            self._end(connection, "the client is closing")
+            connection.end("the client is closing")
             await self._detach(connection)
         self._session.shutdown()
         self._pump()  # carries out the CancelTool events
-        runs = list(self._runs.values())
-        if runs:
-            _, stubborn = await asyncio.wait(runs, timeout=CLOSE_GRACE_SECONDS)
-            for task in stubborn:
-                logger.warning("tool task %s ignored its cancellation", task.get_name())
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, None
-        if self._outbox_timer is not None:
-            self._outbox_timer.cancel()
-            self._outbox_timer = None
+        await self._runs.wait(CLOSE_GRACE_SECONDS)
+        self._timer.cancel()
+        outbox = self._outbox_writer()
+        outbox.cancel()
         background = [t for t in self._background if t is not current]
         if background:
             _, pending = await asyncio.wait(background, timeout=CLOSE_GRACE_SECONDS)
@@ -528,8 +609,8 @@ class ToolClient:
         if self._unsubscribe_registry is not None:
             self._unsubscribe_registry()
             self._unsubscribe_registry = None
-        self._save_outbox()
-        self._set_status("closed")
+        outbox.save()
+        self._step(ClientEvent.CLOSED)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coroutine, name=f"clienttools {name}")
@@ -560,110 +641,35 @@ class ToolClient:
             self._pumping = False
         connection = self._connection
         if connection is not None and self._session.has_frames_to_send:
-            self._flush(connection)
-        self._rearm_timer()
-        self._save_outbox_soon()
-
-    def _flush(self, connection: _Connection) -> None:
-        """Send the session's frames: at once where the socket can, else through the writer.
-
-        A browser WebSocket's send() only queues, so it never blocks; sending right
-        here saves the writer task's turn of the event loop, which under Pyodide is a
-        round through the browser's task queue on every invoke.
-        """
-        send_now = getattr(connection.socket, "send_nowait", None)
-        if send_now is None or connection.wake_writer.is_set():
-            connection.wake_writer.set()  # the writer sends them, after what it has
-            return
-        for text in self._session.frames_to_send():
-            try:
-                send_now(text)
-            except Exception as exc:
-                logger.info("send failed (%s); the connection is going away", exc)
-                self._end(connection, f"sending failed: {exc}")
-                return
+            connection.flush()
+        self._timer.rearm(self._session.next_deadline())
+        if self._outbox is not None:
+            self._outbox.save_soon()
 
     def _carry_out(self, event: Event) -> None:
         if isinstance(event, RunTool):
-            self._start_run(event)
+            self._runs.start(event)
         elif isinstance(event, CancelTool):
-            task = self._runs.get(event.request_id)
-            if task is not None:
-                task.cancel(f"cancelled: {event.reason}")
+            self._runs.cancel(event.request_id, event.reason)
         elif isinstance(event, ToolsAcknowledged):
             connection = self._connection
-            if connection is not None and not connection.registered.done():
-                connection.registered.set_result(event)
-            else:
+            if connection is None or not connection.acknowledged(event):
                 for rejected in event.rejected:
                     logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
         elif isinstance(event, ChatFrameReceived):
             if self._chat is None:
                 return  # no chat was ever started here: nothing waits for these frames
             try:
-                self._chat.feed(event.data)
+                self._chat.feed(event.frame)
             except Exception:  # the chat layer must not take the tool connection down
                 logger.exception("the chat layer failed on a %r frame", event.frame.type)
         elif isinstance(event, ReplaceConnection):
             connection = self._connection
             if connection is not None:
                 logger.warning("replacing a silent connection: %s", event.reason)
-                connection.close_code = CLOSE_CODE_SILENT
-                connection.close_reason = "no frames received"
-                self._end(connection, event.reason)
-
-    def _start_run(self, run: RunTool) -> None:
-        request_id = run.request_id
-
-        def report_progress(progress: float, total: float | None, message: str | None) -> None:
-            self._session.report_progress(request_id, progress, total, message)
-            self._pump()
-
-        # Only a tool that declares a ToolContext parameter gets one: most do not.
-        context = run.context(report_progress) if run.tool.context_parameter else None
-        try:
-            result = run.tool.call(run.arguments, context)
-        except Exception as exc:  # a sync tool raised
-            self._session.tool_raised(request_id, exc)
-            return
-        if not run.tool.is_async:
-            self._session.tool_returned(request_id, result)
-            return
-        # The tool's own coroutine is the task, so a cancel lands inside the tool, even
-        # one cancelled before its first step; the done callback reports the outcome.
-        task = asyncio.get_running_loop().create_task(
-            result, name=f"clienttools tool {run.tool.name} {request_id}"
-        )
-        task.add_done_callback(functools.partial(self._run_done, request_id))
-        self._runs[request_id] = task
-
-    def _run_done(self, request_id: str, task: asyncio.Task[Any]) -> None:
-        self._runs.pop(request_id, None)
-        if task.cancelled():
-            self._session.tool_cancelled(request_id)
-        elif (exc := task.exception()) is not None:
-            self._session.tool_raised(request_id, exc)
-        else:
-            self._session.tool_returned(request_id, task.result())
-        self._pump()
-
-    def _rearm_timer(self) -> None:
-        """Keep one timer, set to the session's next deadline."""
-        deadline = self._session.next_deadline()
-        # Every frame pushes the liveness deadline later; rather than re-arm per frame,
-        # let an earlier timer fire: tick() then does nothing and the timer moves on.
-        if deadline is not None and self._timer_at is not None and self._timer_at <= deadline:
-            return
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_at = None, deadline
-        if deadline is not None:
-            self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer, deadline)
+                connection.replace(event.reason, CLOSE_CODE_SILENT)
 
     def _on_timer(self, deadline: float) -> None:
-        self._timer, self._timer_at = None, None
         # Timers may fire a hair early; the time it was set for has come.
         self._session.tick(max(asyncio.get_running_loop().time(), deadline))
         self._pump()
@@ -675,76 +681,6 @@ class ToolClient:
     async def _send_chat_frame(self, text: str) -> None:
         if not self.send_frame(text):
             raise ConnectionError("not connected; the frame was not sent")
-
-    # --- the outbox store --------------------------------------------------------------
-
-    def _store(self) -> OutboxStore:
-        if self._outbox_store is None:
-            if sys.platform == "emscripten":
-                from clienttools.browser import SessionStorageOutbox
-
-                self._outbox_store = SessionStorageOutbox(self.url)
-            else:
-                self._outbox_store = MemoryOutboxStore()
-        return self._outbox_store
-
-    def _restore_outbox(self) -> None:
-        if self._outbox_restored:
-            return
-        self._outbox_restored = True
-        try:
-            text = self._store().load()
-        except Exception:
-            logger.exception("loading the stored outbox failed")
-            return
-        if text:
-            restored = self._session.restore_outbox(text)
-            if restored:
-                logger.info("restored %d unacknowledged results", restored)
-        self._saved_outbox_revision = self._session.outbox_revision
-        self._saved_outbox_text = text
-        self._saved_outbox_empty = self._session.outbox_size == 0
-        # Saves are batched (OUTBOX_SAVE_DELAY); a store that can tell when the page
-        # goes away (the browser's) gets a chance to write what is still waiting.
-        on_page_hide = getattr(self._store(), "flush_on_page_hide", None)
-        if callable(on_page_hide):
-            on_page_hide(self._save_outbox)
-
-    def _save_outbox_soon(self) -> None:
-        if self._session.outbox_revision == self._saved_outbox_revision:
-            return
-        if (self._session.outbox_size == 0) != self._saved_outbox_empty:
-            self._save_outbox()  # the first result waiting, or the last one acked
-        elif self._outbox_timer is None:
-            self._outbox_timer = asyncio.get_running_loop().call_later(
-                OUTBOX_SAVE_DELAY, self._save_outbox
-            )
-
-    def _save_outbox(self) -> None:
-        if self._outbox_timer is not None:
-            self._outbox_timer.cancel()
-            self._outbox_timer = None
-        revision = self._session.outbox_revision
-        if revision == self._saved_outbox_revision:
-            return
-        self._saved_outbox_revision = revision
-        text = self._session.export_outbox()
-        self._saved_outbox_empty = self._session.outbox_size == 0
-        if text == self._saved_outbox_text:
-            return  # e.g. a result and its ack within one delay: nothing to write
-        self._saved_outbox_text = text
-        try:
-            self._store().save(text)
-        except Exception:  # e.g. storage quota: results still go out while connected
-            logger.exception("saving the outbox failed")
-
-
-def _closed_before_ack(socket: Socket) -> str:
-    # close_code/close_reason are optional Socket attributes; both adapters have them.
-    code = getattr(socket, "close_code", None)
-    reason = getattr(socket, "close_reason", "") or ""
-    detail = f" with code {code}{f' ({reason})' if reason else ''}" if code else ""
-    return f"the server closed the connection{detail} before acknowledging the tools"
 
 
 def _session_of(url: str) -> str:

@@ -59,6 +59,7 @@ ErrorCode: TypeAlias = Literal[
     "output_too_large",
     "disconnected",
     "expired",
+    "denied",
 ]
 CancelReason: TypeAlias = Literal["timeout", "aborted", "superseded", "shutdown"]
 AckOutcome: TypeAlias = Literal["applied", "duplicate", "stale", "invalid"]
@@ -447,8 +448,25 @@ def dump_frame(frame: WireModel) -> str:
 
 
 def dump_json(value: object) -> str:
-    """`value` as compact JSON text, as frames carry it; ValueError for NaN and infinities."""
+    """`value` as compact JSON text, as frames carry it; ValueError for NaN and infinities.
+
+    The one JSON encoding of the project: frames, results and anything stored
+    beside them use it, so equal values give equal text everywhere.
+
+        >>> dump_json({"a": [1, None], "é": True})
+        '{"a":[1,null],"é":true}'
+    """
     return _ENCODER.encode(value)
+
+
+def load_json(text: str) -> JsonValue:
+    """JSON text as Python data; ValueError for bad JSON and for NaN or Infinity.
+
+    >>> load_json('{"a": [1, null]}')
+    {'a': [1, None]}
+    """
+    value: JsonValue = _DECODER.decode(text)
+    return value
 
 
 def text_size(text: str) -> int:

@@ -62,6 +62,7 @@ ERROR_CODES = (
     "output_too_large",
     "disconnected",
     "expired",
+    "denied",
 )
 CANCEL_REASONS = ("timeout", "aborted", "superseded", "shutdown")
 ACK_OUTCOMES = ("applied", "duplicate", "stale", "invalid")
@@ -82,10 +83,12 @@ ERRORS_IN_MESSAGE = 5
 
 
 class LocalProtocolError(Exception):
-    """The adapter misused the session (for example: reported the end of a run it never started).
+    """The caller misused a client core; nothing was sent, and the peer cannot cause this.
 
-    The peer cannot cause this; a malformed or unexpected frame is logged and
-    ignored instead (C13).
+    Like h11's split: the adapter reported the end of a run the session never
+    started, or the app sent a second chat request while one is in flight. A
+    malformed or unexpected frame from the peer is logged and ignored instead
+    (C13), and a chat response that ends in an error is `ChatResponseError`.
     """
 
 

@@ -34,7 +34,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
@@ -163,10 +163,9 @@ class ToolsAcknowledged:
 
 @dataclass(frozen=True)
 class ChatFrameReceived:
-    """A chat frame (start, chunk, end, error, no-active), passed through for the chat layer."""
+    """A chat frame (start, chunk, end, error, no-active), parsed, for the chat layer."""
 
     frame: protocol.ChatServerFrame
-    data: dict[str, Any] = field(repr=False)  # the frame exactly as it arrived (decoded JSON)
 
 
 @dataclass(frozen=True)
@@ -341,9 +340,7 @@ class Session:
                 frame.message[:MAX_ERROR_MESSAGE_CHARS],
             )
         else:
-            # Parsed and valid, so the text is a JSON object; the chat layer gets it as sent.
-            text = data if isinstance(data, str) else data.decode()
-            self._events.append(ChatFrameReceived(frame, json.loads(text)))
+            self._events.append(ChatFrameReceived(frame))
 
     def _refuse_frame(self, exc: protocol.FrameError) -> None:
         """C13: log and ignore, except a malformed invoke with a readable requestId."""

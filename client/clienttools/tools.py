@@ -30,8 +30,11 @@ How a function becomes a tool:
 - Every parameter needs a type annotation pydantic can validate (primitives,
   lists, dicts, pydantic models, dataclasses, TypedDicts, enums, Literals, ...).
   A parameter with a default is optional (not in `required`). Its description is
-  `Annotated[T, Field(description=...)]` if given, else its entry in a
-  Google-style `Args:` section of the docstring.
+  `Annotated[T, Field(description=...)]` if given, else its entry in the
+  docstring's parameter section: Google (`Args:`), NumPy (`Parameters`) or
+  Sphinx (`:param name:`), read by `docstring_parser`.
+- `function_schema(fn, name)` does this reading, once, at registration (like
+  pydantic-ai's `_function_schema.py`); `Tool` adds the name, limits and spec.
 - A parameter annotated `ToolContext` (or `ToolContext | None`, so the function
   stays callable without one) receives the call's context and is left out of
   the schema. It is always given a context, never None.
@@ -67,6 +70,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar, Union, overload
 
 from pydantic import (
@@ -83,9 +87,10 @@ from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticSerializationError
 
-from . import protocol
-from .context import ToolContext, ToolError
-from .rules import invalid_input_message
+from clienttools import protocol
+from clienttools.context import ToolContext, ToolError
+from clienttools.observers import Observers
+from clienttools.rules import invalid_input_message
 
 __all__ = [
     "InvalidInput",
@@ -224,17 +229,20 @@ def _mentions_context(tp: Any) -> bool:
     return any(_mentions_context(arg) for arg in typing.get_args(tp))
 
 
-_SECTION_RE: Final = re.compile(r"^([A-Z][A-Za-z ]*):\s*$")
-_ARG_SECTIONS: Final = frozenset(
-    {"Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments"}
-)
-_ARG_RE: Final = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SECTION_TITLE_RE: Final = re.compile(r"^[A-Z][A-Za-z ]*:\s*$")
+
+
+def _join_lines(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """The first paragraph and the Google-style `Args:` descriptions of a docstring.
+    """The first paragraph and the parameter descriptions of a docstring, of any common style.
 
-    Lines of a paragraph or of one argument's description are joined with spaces.
+    Google (`Args:`), NumPy (`Parameters` underlined) and Sphinx/reST
+    (`:param name:`) docstrings are read by `docstring_parser`. Lines of a
+    paragraph or of one parameter's description are joined with spaces; a
+    docstring that no style can read still gives its first paragraph.
 
         >>> parse_docstring('''Add.
         ...
@@ -243,46 +251,42 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
         ...             addend.
         ...     ''')
         ('Add.', {'a': 'The first addend.'})
+        >>> parse_docstring('''Add.
+        ...
+        ...     :param a: The first addend.
+        ...     ''')
+        ('Add.', {'a': 'The first addend.'})
     """
     if not doc:
         return "", {}
     lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION_RE.match(line):
-            break
-        summary.append(line.strip())
+    if len(lines) == 1 and not _SECTION_TITLE_RE.match(lines[0]):
+        return lines[0].strip(), {}  # the usual one-line docstring: no parser needed
+    # Imported on first use: a page whose tools have one-line docstrings never pays for it.
+    import docstring_parser
 
+    opens_with_section = bool(_SECTION_TITLE_RE.match(lines[0]))
+    if opens_with_section:
+        # "Args:" on the docstring's first line: cleandoc took its entries'
+        # indentation, and the parsers read a first line as the summary. Give
+        # them a placeholder summary and the entries indented under the title.
+        if not any(_SECTION_TITLE_RE.match(line) for line in lines[1:]):
+            lines = [lines[0], *(f"    {line}" for line in lines[1:])]
+        lines = ["-", "", *lines]
+    text = "\n".join(lines)
+    try:
+        parsed = docstring_parser.parse(text)
+    except docstring_parser.ParseError:
+        return ("" if opens_with_section else _join_lines(text.split("\n\n", 1)[0])), {}
     params: dict[str, str] = {}
-    in_args = False
-    entry_indent: int | None = None
-    current: str | None = None
-    for line in lines:
-        stripped = line.strip()
-        if not stripped:
-            continue
-        indent = len(line) - len(line.lstrip())
-        header = _SECTION_RE.match(line) if indent == 0 else None
-        if header:
-            in_args = header.group(1) in _ARG_SECTIONS
-            entry_indent, current = None, None
-            continue
-        if not in_args:
-            continue
-        if entry_indent is None:
-            # Usually 4, but 0 when the docstring opens with "Args:" on its first
-            # line (cleandoc then strips the entries' indentation).
-            entry_indent = indent
-        if indent < entry_indent:
-            in_args = False  # dedented text after the section
-        elif indent == entry_indent:
-            match = _ARG_RE.match(stripped)
-            current = match.group(1) if match else None
-            if match is not None:
-                params[match.group(1)] = match.group(2).strip()
-        elif current is not None:
-            params[current] = f"{params[current]} {stripped}".strip()
-    return " ".join(summary), params
+    for param in parsed.params:
+        name = param.arg_name.lstrip("*")  # `*args:` and `**options:` entries
+        if param.description is not None and name.isidentifier():
+            params.setdefault(name, _join_lines(param.description))
+    summary = "" if opens_with_section else parsed.short_description or ""
+    if summary and parsed.long_description and not parsed.blank_after_short_description:
+        summary += "\n" + parsed.long_description.split("\n\n", 1)[0]  # a wrapped first line
+    return _join_lines(summary), params
 
 
 def _defining_namespace(fn: Callable[..., Any]) -> dict[str, Any] | None:
@@ -399,6 +403,161 @@ def _output_adapter(
     return adapter, schema
 
 
+# --- from a function to its schema ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionSchema:
+    """What a function's signature, annotations and docstring say about it as a tool.
+
+    Built by `function_schema`; `Tool` adds the name, the limits and the wire spec.
+    """
+
+    #: The docstring's first paragraph ("" without a docstring).
+    description: str
+    #: The generated input model: fields p0, p1, ... aliased by parameter name.
+    input_model: type[BaseModel]
+    #: `inputSchema`: an object with `properties`, `required` and no other properties.
+    input_schema: dict[str, JsonValue]
+    #: (internal field name, parameter name) per schema parameter, in signature order.
+    fields: tuple[tuple[str, str], ...]
+    #: The parameter that receives the ToolContext, if any.
+    context_parameter: str | None
+    #: Validates (when `validate_output`) and dumps the return value.
+    output_adapter: TypeAdapter[Any]
+    output_schema: dict[str, JsonValue] | None
+    validate_output: bool
+    is_async: bool
+
+
+def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
+    """Read `fn`'s signature, type hints and docstring into a `FunctionSchema`.
+
+    Raises TypeError, naming the tool and the fix, for a parameter that cannot
+    be part of a schema (`*args`, `**kwargs`, positional-only, unannotated, a
+    type pydantic cannot describe) or an unsupported return type.
+    """
+    doc_summary, doc_params = parse_docstring(inspect.getdoc(fn))
+    hints = _type_hints(fn, tool_name)
+    context_param: str | None = None
+    fields: dict[str, Any] = {}
+    field_names: list[tuple[str, str]] = []
+    for param in inspect.signature(fn).parameters.values():
+        annotation = _parameter_annotation(tool_name, param, hints)
+        if _is_context_annotation(annotation):
+            if context_param is not None:
+                raise TypeError(
+                    f"tool {tool_name!r}: parameters {context_param!r} and {param.name!r} are "
+                    f"both annotated ToolContext; keep one"
+                )
+            context_param = param.name
+            continue
+        # Internal field names p0, p1... with the parameter name as alias: any
+        # parameter name works, even one that shadows a BaseModel attribute
+        # (`json`, `copy`, `schema`) or starts with `_` (a private attribute).
+        internal = f"p{len(field_names)}"
+        field_names.append((internal, param.name))
+        fields[internal] = _parameter_field(param, annotation, doc_params.get(param.name))
+
+    input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
+    return_type = hints.get("return", _EMPTY)
+    if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
+        output_adapter, output_schema, validate_output = _ANY_OUTPUT, None, False
+    else:
+        output_adapter, output_schema = _output_adapter(tool_name, return_type)
+        validate_output = True
+    return FunctionSchema(
+        description=doc_summary,
+        input_model=input_model,
+        input_schema=_finish_input_schema(input_schema),
+        fields=tuple(field_names),
+        context_parameter=context_param,
+        output_adapter=output_adapter,
+        output_schema=output_schema,
+        validate_output=validate_output,
+        is_async=inspect.iscoroutinefunction(fn),
+    )
+
+
+def _parameter_annotation(
+    tool_name: str, param: inspect.Parameter, hints: Mapping[str, Any]
+) -> Any:
+    """The parameter's type hint; TypeError for a parameter a tool cannot have."""
+    pname = param.name
+    if param.kind is inspect.Parameter.VAR_POSITIONAL:
+        raise TypeError(
+            f"tool {tool_name!r}: *{pname} is not supported, tools take named "
+            f"parameters only; use a list parameter instead, e.g. `{pname}: list[int]`"
+        )
+    if param.kind is inspect.Parameter.VAR_KEYWORD:
+        raise TypeError(
+            f"tool {tool_name!r}: **{pname} is not supported, the schema needs every "
+            f"parameter by name; declare the parameters, or take one dict, "
+            f"e.g. `{pname}: dict[str, str]`"
+        )
+    if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+        raise TypeError(
+            f"tool {tool_name!r}: parameter {pname!r} is positional-only, but tools "
+            f"are called with keyword arguments; remove the `/` from the signature"
+        )
+    if pname not in hints:
+        raise TypeError(
+            f"tool {tool_name!r}: parameter {pname!r} has no type annotation; "
+            f"annotate it, e.g. `{pname}: int`"
+        )
+    annotation = hints[pname]
+    if not _is_context_annotation(annotation) and _mentions_context(annotation):
+        raise TypeError(
+            f"tool {tool_name!r}: parameter {pname!r} mixes ToolContext into "
+            f"{_type_repr(annotation)}; annotate it `{pname}: ToolContext`"
+        )
+    return annotation
+
+
+def _parameter_field(
+    param: inspect.Parameter, annotation: Any, doc_description: str | None
+) -> tuple[Any, FieldInfo]:
+    """The `create_model` field of one parameter: its type, alias, default and description."""
+    default = param.default
+    if isinstance(default, FieldInfo):
+        # `a: int = Field(3, ge=0)`, the validate_call style: same as Annotated.
+        annotation = Annotated[annotation, default]
+        default = _EMPTY
+    _, metadata = _unwrap_annotated(annotation)
+    has_description = any(isinstance(m, FieldInfo) and m.description is not None for m in metadata)
+    # `Field(...)` given to create_model overrides the Annotated one, so set
+    # only what the Annotated Field cannot already say.
+    field_kwargs: dict[str, Any] = {"alias": param.name}
+    if not has_description and doc_description is not None:
+        field_kwargs["description"] = doc_description
+    if default is not _EMPTY:
+        field_kwargs["default"] = default
+    return annotation, Field(**field_kwargs)
+
+
+def _input_model(
+    fn: Callable[..., Any],
+    tool_name: str,
+    fields: dict[str, Any],
+    field_names: list[tuple[str, str]],
+) -> tuple[type[BaseModel], dict[str, Any]]:
+    try:
+        input_model: type[BaseModel] = create_model(
+            f"{tool_name}_input",
+            __config__=ConfigDict(extra="forbid"),
+            __module__=getattr(fn, "__module__", None) or __name__,
+            **fields,
+        )
+        schema = input_model.model_json_schema(by_alias=True, schema_generator=_ToolJsonSchema)
+    except PydanticUserError as exc:
+        # Find the culprit only now: checking each parameter up front would
+        # build every schema twice.
+        for internal, pname in field_names:
+            _check_json_schema_able(tool_name, f"parameter {pname!r}", fields[internal][0])
+        raise TypeError(f"tool {tool_name!r}: cannot build its input schema: {exc}") from exc
+    return input_model, schema
+
+
 # --- tools --------------------------------------------------------------------------
 
 
@@ -467,111 +626,23 @@ class Tool:
                 f"tool {tool_name!r}: timeout must be a positive number of seconds, got {timeout!r}"
             )
 
-        doc_summary, doc_params = parse_docstring(inspect.getdoc(fn))
-        hints = _type_hints(fn, tool_name)
-        context_param: str | None = None
-        fields: dict[str, Any] = {}
-        field_names: list[tuple[str, str]] = []
-        for param in inspect.signature(fn).parameters.values():
-            pname = param.name
-            if param.kind is inspect.Parameter.VAR_POSITIONAL:
-                raise TypeError(
-                    f"tool {tool_name!r}: *{pname} is not supported, tools take named "
-                    f"parameters only; use a list parameter instead, e.g. `{pname}: list[int]`"
-                )
-            if param.kind is inspect.Parameter.VAR_KEYWORD:
-                raise TypeError(
-                    f"tool {tool_name!r}: **{pname} is not supported, the schema needs every "
-                    f"parameter by name; declare the parameters, or take one dict, "
-                    f"e.g. `{pname}: dict[str, str]`"
-                )
-            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
-                raise TypeError(
-                    f"tool {tool_name!r}: parameter {pname!r} is positional-only, but tools "
-                    f"are called with keyword arguments; remove the `/` from the signature"
-                )
-            if pname not in hints:
-                raise TypeError(
-                    f"tool {tool_name!r}: parameter {pname!r} has no type annotation; "
-                    f"annotate it, e.g. `{pname}: int`"
-                )
-            annotation = hints[pname]
-            if _is_context_annotation(annotation):
-                if context_param is not None:
-                    raise TypeError(
-                        f"tool {tool_name!r}: parameters {context_param!r} and {pname!r} are "
-                        f"both annotated ToolContext; keep one"
-                    )
-                context_param = pname
-                continue
-            if _mentions_context(annotation):
-                raise TypeError(
-                    f"tool {tool_name!r}: parameter {pname!r} mixes ToolContext into "
-                    f"{_type_repr(annotation)}; annotate it `{pname}: ToolContext`"
-                )
-            # Internal field names p0, p1... with the parameter name as alias: any
-            # parameter name works, even one that shadows a BaseModel attribute
-            # (`json`, `copy`, `schema`) or starts with `_` (a private attribute).
-            internal = f"p{len(field_names)}"
-            field_names.append((internal, pname))
-            default = param.default
-            if isinstance(default, FieldInfo):
-                # `a: int = Field(3, ge=0)`, the validate_call style: same as Annotated.
-                annotation = Annotated[annotation, default]
-                default = _EMPTY
-            _, metadata = _unwrap_annotated(annotation)
-            has_description = any(
-                isinstance(m, FieldInfo) and m.description is not None for m in metadata
-            )
-            # `Field(...)` given to create_model overrides the Annotated one, so set
-            # only what the Annotated Field cannot already say.
-            field_kwargs: dict[str, Any] = {"alias": pname}
-            if not has_description and pname in doc_params:
-                field_kwargs["description"] = doc_params[pname]
-            if default is not _EMPTY:
-                field_kwargs["default"] = default
-            fields[internal] = (annotation, Field(**field_kwargs))
-
-        try:
-            input_model: type[BaseModel] = create_model(
-                f"{tool_name}_input",
-                __config__=ConfigDict(extra="forbid"),
-                __module__=getattr(fn, "__module__", None) or __name__,
-                **fields,
-            )
-            input_schema = input_model.model_json_schema(
-                by_alias=True, schema_generator=_ToolJsonSchema
-            )
-        except PydanticUserError as exc:
-            # Find the culprit only now: checking each parameter up front would
-            # build every schema twice.
-            for internal, pname in field_names:
-                _check_json_schema_able(tool_name, f"parameter {pname!r}", fields[internal][0])
-            raise TypeError(f"tool {tool_name!r}: cannot build its input schema: {exc}") from exc
-
-        return_type = hints.get("return", _EMPTY)
-        output_schema: dict[str, JsonValue] | None = None
-        if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
-            self._output = _ANY_OUTPUT
-            self._validate_output = False
-        else:
-            self._output, output_schema = _output_adapter(tool_name, return_type)
-            self._validate_output = True
-
+        schema = function_schema(fn, tool_name)
         self.name = tool_name
-        self.description = doc_summary if description is None else description
+        self.description = schema.description if description is None else description
         self.function = fn
-        self.is_async = inspect.iscoroutinefunction(fn)
+        self.is_async = schema.is_async
         self.timeout = timeout
         self.needs_approval = needs_approval
-        self._context_param = context_param
-        self._input_model = input_model
-        self._fields = tuple(field_names)
+        self._context_param = schema.context_parameter
+        self._input_model = schema.input_model
+        self._fields = schema.fields
+        self._output = schema.output_adapter
+        self._validate_output = schema.validate_output
         self.spec = protocol.ToolSpec(
             name=tool_name,
             description=self.description,
-            input_schema=_finish_input_schema(input_schema),
-            output_schema=output_schema,
+            input_schema=schema.input_schema,
+            output_schema=schema.output_schema,
             needs_approval=needs_approval,
             timeout_ms=None if timeout is None else max(1, round(timeout * 1000)),
         )
@@ -719,7 +790,7 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
-        self._callbacks: list[Callable[[], None]] = []
+        self._observers: Observers[[]] = Observers("registry on_change")
 
     @overload
     def tool(self, fn: F, /) -> F: ...
@@ -821,17 +892,10 @@ class ToolRegistry:
     def on_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback()` after every add and remove; returns an unsubscribe function.
 
-        Callbacks run in subscription order; an exception from one propagates
-        out of `add`/`remove` (the change itself has happened) and skips the rest.
+        Callbacks run in subscription order; one that raises is logged and the
+        rest still run (the change itself has happened).
         """
-        self._callbacks.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
-
-        return unsubscribe
+        return self._observers.subscribe(callback)
 
     def _changed(self) -> None:
-        for callback in tuple(self._callbacks):  # a callback may unsubscribe itself
-            callback()
+        self._observers.notify()

@@ -19,8 +19,8 @@ Errors (all `ConnectError`, each naming the URL, its token hidden, and the reaso
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from clienttools.protocol import RejectedTool
@@ -66,8 +66,9 @@ class ToolsRejected(ConnectError):
 class Socket(Protocol):
     """One open WebSocket, text frames only.
 
-    Optional: `close_code: int | None` and `close_reason: str` attributes, read
-    (when present) to say why a server closed the socket before acknowledging.
+    A socket may offer more: `ReportsClose` (why the server closed it),
+    `SendsAtOnce` and `PushesFrames` (the browser's). The client asks with
+    `isinstance`, once per socket.
     """
 
     async def send(self, text: str) -> None:
@@ -81,6 +82,37 @@ class Socket(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket; returns when closed. Never raises for an already-closed socket."""
         ...
+
+
+@runtime_checkable
+class ReportsClose(Protocol):
+    """A socket that tells the close code and reason the server sent (both adapters do)."""
+
+    @property
+    def close_code(self) -> int | None: ...
+
+    @property
+    def close_reason(self) -> str: ...
+
+
+@runtime_checkable
+class SendsAtOnce(Protocol):
+    """A socket whose send only queues (a browser WebSocket), so it can send without awaiting."""
+
+    def send_nowait(self, text: str) -> None:
+        """Send one text frame now; raise once the socket is closed."""
+        ...
+
+
+@runtime_checkable
+class PushesFrames(Protocol):
+    """A socket that can hand frames to a receiver from its own message event.
+
+    After `deliver_to(receiver)`, every frame goes to `receiver` (which must not
+    raise) and `receive()` only returns the close (None).
+    """
+
+    def deliver_to(self, receiver: Callable[[str | bytes], None]) -> None: ...
 
 
 class Connector(Protocol):
@@ -100,6 +132,15 @@ class OutboxStore(Protocol):
 
     def save(self, text: str) -> None:
         """Replace the saved text."""
+        ...
+
+
+@runtime_checkable
+class FlushesOnPageHide(Protocol):
+    """An outbox store that can tell when the page goes away (the browser's)."""
+
+    def flush_on_page_hide(self, flush: Callable[[], None]) -> None:
+        """Call `flush` when the page is hidden or left, so a batched save is not lost."""
         ...
 
 

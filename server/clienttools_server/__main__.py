@@ -18,7 +18,7 @@ import uvicorn
 from .agents import AgentLoadError
 from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
-from .config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from .model_choice import ModelChoiceError
 
 
@@ -32,7 +32,7 @@ def _positive(text: str) -> float:
 def _not_negative(text: str) -> float:
     value = float(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more seconds, not {text}")
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
 
 
@@ -128,25 +128,26 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--client-tools",
-        choices=("rpc", "round-trip"),
+        choices=CLIENT_TOOLS_MODES,
         default=defaults.client_tools,
-        help="'rpc' calls page tools inside the run, in one response; 'round-trip' offers "
-        "them without execution, so a call ends the response with finishReason tool-calls "
-        "and the page's next request carries the output (default: %(default)s)",
+        help="how page tools run: 'rpc' calls them over the page's socket inside one "
+        "response; 'round-trip' ends the response at the call (finishReason 'tool-calls') "
+        "and the page's next send, carrying the output, continues (default: %(default)s)",
     )
     p.add_argument(
         "--first-chunk-delay",
         type=_not_negative,
         default=defaults.first_chunk_delay,
         metavar="SECONDS",
-        help="the scripted model waits this long before its first delta (default: %(default)s)",
+        help="scripted model: wait this long before the first chunk of each model request "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--chunk-delay",
         type=_not_negative,
         default=defaults.chunk_delay,
         metavar="SECONDS",
-        help="the scripted model waits this long before every later delta (default: %(default)s)",
+        help="scripted model: wait this long between chunks (default: %(default)s)",
     )
     p.add_argument(
         "--ttl",

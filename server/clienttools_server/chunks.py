@@ -32,8 +32,11 @@ class ChunkWriter:
     """Turns one run's events into chunks, in order, through ``emit``."""
 
     def __init__(self, emit: Emit, journal: RunJournal) -> None:
-        self.emit = emit
         self.journal = journal
+        # The model's chunks go through the journal, which holds those after a tool
+        # call until the answer is recorded; tool results go out at once.
+        self.emit = journal.hold
+        self.emit_now = emit
         self._parts = 0
         # part index -> the chunk id of the open text or reasoning part
         self._open: dict[int, str] = {}
@@ -91,6 +94,8 @@ class ChunkWriter:
         self.journal.events.append({"toolCall": call})
         if part.tool_name in self.journal.output_tools:
             return  # the agent's structured output: recorded for replay, not a tool to show
+        if self.journal.held is None:
+            self.journal.held = []
         self.emit(
             {
                 "type": "tool-input-start",
@@ -110,11 +115,15 @@ class ChunkWriter:
         call_id = part.tool_call_id
         if part.outcome == "success":
             output: JsonValue = to_jsonable_python(part.content)
-            self.emit({"type": "tool-output-available", "toolCallId": call_id, "output": output})
+            self.emit_now(
+                {"type": "tool-output-available", "toolCallId": call_id, "output": output}
+            )
         elif part.outcome == "denied":
-            self.emit({"type": "tool-output-denied", "toolCallId": call_id})
+            self.emit_now({"type": "tool-output-denied", "toolCallId": call_id})
         else:
-            self.emit({"type": "tool-output-error", "toolCallId": call_id, "errorText": _why(part)})
+            self.emit_now(
+                {"type": "tool-output-error", "toolCallId": call_id, "errorText": _why(part)}
+            )
         return True
 
 

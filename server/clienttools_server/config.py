@@ -18,9 +18,11 @@ from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 from .ledger import DEFAULT_LEASE
 
 DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
-# How page tools reach the model: "rpc" calls them inside the run (one response);
-# "round-trip" offers them without execution, as the AI SDK's client-side tools.
+# How page tools reach the page: "rpc" delegates each call over the socket inside one
+# response (the default); "round-trip" offers them to the model as tools without an
+# execute, so the response ends at the call and the page's next `send` carries the output.
 ClientToolsMode: TypeAlias = Literal["rpc", "round-trip"]
+CLIENT_TOOLS_MODES: tuple[ClientToolsMode, ...] = ("rpc", "round-trip")
 
 # How long a finished execution stays in the ledger when ``retention`` is not set.
 # In memory (no --db) nothing outlives the process anyway: a minute covers a page
@@ -59,7 +61,8 @@ class ServerConfig:
     # ``module:attr`` of a user's pydantic-ai Agent to serve (None: a plain agent).
     agent: str | None = None
     client_tools: ClientToolsMode = "rpc"
-    # The scripted model's pacing: before its first delta, and before every later one.
+    # The scripted model's latency per model request: before its first chunk, and
+    # between chunks (0 answers at once; a hosted model is more like 0.5 and 0.02).
     first_chunk_delay: float = 0.0
     chunk_delay: float = 0.0
     log_level: str = "info"
@@ -100,10 +103,10 @@ class ServerConfig:
             raise ValueError(
                 "ttl, expiry_interval, ping_interval and idle_timeout must be positive"
             )
-        if self.client_tools not in ("rpc", "round-trip"):
+        if self.client_tools not in CLIENT_TOOLS_MODES:
             raise ValueError(f"unknown client tools mode {self.client_tools!r}")
-        if min(self.first_chunk_delay, self.chunk_delay) < 0:
-            raise ValueError("chunk delays must not be negative")
+        if self.first_chunk_delay < 0 or self.chunk_delay < 0:
+            raise ValueError("first_chunk_delay and chunk_delay must not be negative")
         if self.resume_grace < 0:
             raise ValueError("resume_grace must not be negative")
         if self.retention is not None and self.retention < 0:

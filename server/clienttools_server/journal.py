@@ -176,6 +176,9 @@ class RunJournal:
         self.answering: int | None = None
         # What the model answered so far in this step, as the chunk writer saw it.
         self.events: list[JsonObject] = []
+        # Chunks of this step from its first tool call on: they leave once the step
+        # is recorded (in its transaction), like the invokes they announce.
+        self.held: list[Chunk] | None = None
         # tool name -> (who settles it, whether it needs approval), as the toolsets offer it.
         self.catalog: dict[str, tuple[Resolution, bool]] = {}
         # Tools offered without execution (round trip): the page answers in its next request.
@@ -196,6 +199,7 @@ class RunJournal:
         self._model_steps += 1
         seq = self._next_seq()
         self.events = []
+        self.held = None
         if seq not in self._recorded:
             return ModelStep(seq, step_input, None)
         step = self.ledger.record_step(
@@ -219,14 +223,29 @@ class RunJournal:
         planned: list[PlannedCall] = []
         # No await in here: the chunks and invokes queued leave after the commit.
         with self.ledger.batch():
-            if step.recorded is None:
-                self._write_answer(name, step)
-            for call in calls:
-                planned.append(self._plan(call))
+            try:
+                if step.recorded is None:
+                    self._write_answer(name, step)
+                for call in calls:
+                    planned.append(self._plan(call))
+            finally:
+                self.release_held()
             for p in planned:
                 self.planned[p.call.tool_call_id] = p
                 if p.deliver_now:
                     p.started = self.pages.start_client_tool(p.tool, p.call)
+
+    def hold(self, chunk: Chunk) -> None:
+        """Emit ``chunk`` now, or keep it for after the step is recorded (see ``held``)."""
+        if self.held is None:
+            self.emit(chunk)
+        else:
+            self.held.append(chunk)
+
+    def release_held(self) -> None:
+        held, self.held = self.held or [], None
+        for chunk in held:
+            self.emit(chunk)
 
     def _write_answer(self, name: str, step: ModelStep) -> None:
         result_json = canonical_json({"events": list(self.events)})

@@ -170,12 +170,26 @@ class Run:
         self.emit({"type": "finish", "finishReason": reason})
         self._finish_status("completed", None)
 
+    def _message_id(self) -> str:
+        """The id of the assistant message this response builds.
+
+        A request whose last message is the assistant's (a round-trip
+        continuation carrying tool outputs) continues that message, as the AI
+        SDK's own servers do; otherwise the message is new.
+        """
+        last = self.request.messages[-1] if self.request.messages else None
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            message_id = last.get("id")
+            if isinstance(message_id, str) and message_id:
+                return message_id
+        return f"msg-{self.execution_id}"
+
     async def _run(self) -> None:
         journal = self.journal = RunJournal(
             self.execution_id, self.ledger, self.pages, self.emit, self.clock, fresh=self.fresh
         )
         writer = ChunkWriter(self.emit, journal)
-        self.emit({"type": "start", "messageId": f"msg-{self.execution_id}"})
+        self.emit({"type": "start", "messageId": self._message_id()})
         round_trip = self.client_tools == "round-trip"
         own = JournaledToolset(CombinedToolset([*self.agent.toolsets, self.server_tools]), journal)
         page = PageToolset(self.pages, journal, deferred=round_trip)

@@ -200,9 +200,26 @@ async def _http_response(port: int, path: str, method: str = "GET") -> tuple[int
 async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     server = await start_server(ping_interval=0.05)
     tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await tab.register([])
     ping = await tab.expect("cf_agent_ping")
     await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
     await tab.close()
+
+
+async def test_no_pings_to_a_chat_only_client(start_server: Any, chunk_collector: Any) -> None:
+    """The AI SDK's stock transport drops its socket on a frame without a requestId."""
+    server = await start_server(ping_interval=0.05)
+    chat_only = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
+    response = await chat_only.chat("hello")
+    assert response.final["type"] == "end"
+    for _ in range(3):  # three ping intervals for the page
+        await page.expect("cf_agent_ping")
+        page.inbox.clear()
+    await chat_only.nothing("cf_agent_ping", wait=0.0)
+    await chat_only.close()
+    await page.close()
 
 
 async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
@@ -211,16 +228,20 @@ async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
     clock = ManualClock()
     server = await start_server(clock=clock)  # pings every 15 s, idle peers closed after 30 s
     start = clock.now()
+    # Pings go to a page that registered tools; the idle peer only has its idle timer.
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
     idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
-    # Its ping loop and idle timer are both waiting on the clock, not on real time.
+    # The ping loops and the idle timer are all waiting on the clock, not on real time.
     await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
     clock.advance(15)
-    ping = await idle.expect("cf_agent_ping")
+    ping = await page.expect("cf_agent_ping")
     assert ping["t"] == (start + 15) * 1000
     assert idle.close_code is None
     clock.advance(15)
     assert await idle.expect_closed() == 1008
     await idle.close()
+    await page.close()
 
 
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:

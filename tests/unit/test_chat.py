@@ -14,22 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import MISSING
 
-import clienttools.chat as chat_module
+from clienttools import protocol
 from clienttools.chat import (
     TOOL_STATE_ORDER,
     TOOL_TRANSITIONS,
-    Chat,
     ChatResponseError,
     ChatState,
-    ChatUsageError,
     MessageBuilder,
     TextPart,
     ToolPart,
     ToolPartState,
     UIMessage,
     chunk_type,
-    parse_partial_json,
 )
+from clienttools.chatclient import Chat
+from clienttools.partial_json import parse_partial_json
+from clienttools.rules import LocalProtocolError
+from tests.support.imports import io_imports_reachable
 
 CORPUS = Path(__file__).resolve().parents[1] / "chat_streams"
 
@@ -44,8 +45,23 @@ def counter(prefix: str = "id") -> Callable[[], str]:
     return lambda: f"{prefix}-{next(numbers)}"
 
 
-def chunk_frame(request_id: str, sequence: int, chunk: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "chunk", "requestId": request_id, "sequence": sequence, "chunk": chunk}
+def from_server(frame: dict[str, Any]) -> protocol.ChatServerFrame:
+    """A chat frame from the server, parsed as `Session` hands it to the chat."""
+    parsed = protocol.parse_server_frame(json.dumps(frame))
+    assert isinstance(parsed, protocol.ChatServerFrame)
+    return parsed
+
+
+def wire(frame: protocol.WireModel) -> dict[str, Any]:
+    """A frame the chat sends, as the JSON that goes out."""
+    sent: dict[str, Any] = json.loads(protocol.dump_frame(frame))
+    return sent
+
+
+def chunk_frame(request_id: str, sequence: int, chunk: dict[str, Any]) -> protocol.ChatServerFrame:
+    return from_server(
+        {"type": "chunk", "requestId": request_id, "sequence": sequence, "chunk": chunk}
+    )
 
 
 def read(value: str) -> str:
@@ -382,7 +398,7 @@ def feed(state: ChatState, request_id: str, chunks: list[dict[str, Any]], start:
 
 def test_begin_request_returns_the_send_frame() -> None:
     state = make_state()
-    frame = state.begin_request("r1", "Hello?")
+    frame = wire(state.begin_request("r1", "Hello?"))
     assert frame == {
         "type": "send",
         "requestId": "r1",
@@ -394,7 +410,7 @@ def test_begin_request_returns_the_send_frame() -> None:
     }
     assert state.status == "submitted" and state.active and state.request_id == "r1"
     assert state.last_sequence is None
-    with pytest.raises(ChatUsageError):
+    with pytest.raises(LocalProtocolError):
         state.begin_request("r2", "again")
 
 
@@ -402,8 +418,10 @@ def test_second_request_carries_the_history() -> None:
     state = make_state()
     state.begin_request("r1", "one")
     feed(state, "r1", corpus("plain_text"))
-    state.receive({"type": "end", "requestId": "r1"})
-    frame = state.begin_request("r2", "two", body={"k": 1}, headers={"h": "v"}, metadata={"x": 1})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
+    frame = wire(
+        state.begin_request("r2", "two", body={"k": 1}, headers={"h": "v"}, metadata={"x": 1})
+    )
     assert [m["role"] for m in frame["messages"]] == ["user", "assistant", "user"]
     assert frame["messages"][1]["parts"][1]["text"] == "Hello, world."
     assert (frame["body"], frame["headers"], frame["metadata"]) == ({"k": 1}, {"h": "v"}, {"x": 1})
@@ -412,7 +430,7 @@ def test_second_request_carries_the_history() -> None:
 def test_status_submitted_streaming_ready() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
-    assert not state.receive({"type": "start", "requestId": "r1"})
+    assert not state.receive(from_server({"type": "start", "requestId": "r1"}))
     assert read(state.status) == "submitted"
     assert [m.role for m in state.messages] == ["user"]
     assert state.receive(chunk_frame("r1", 0, {"type": "start"}))  # status changed
@@ -420,7 +438,7 @@ def test_status_submitted_streaming_ready() -> None:
     assert [m.role for m in state.messages] == ["user"]  # nothing to show yet
     feed(state, "r1", corpus("one_tool_call")[1:], start=1)
     assert read(state.status) == "streaming" and state.last_sequence == 10
-    assert state.receive({"type": "end", "requestId": "r1"})
+    assert state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert state.status == "ready" and not state.active and state.last_sequence is None
     assert [m.role for m in state.messages] == ["user", "assistant"]
     assert state.messages[-1] is state.response_message
@@ -435,7 +453,7 @@ def test_status_stays_streaming_while_tools_run(name: str) -> None:
     for sequence, chunk in enumerate(corpus(name)):
         state.receive(chunk_frame("r1", sequence, chunk))
         assert state.status == "streaming", chunk
-    state.receive({"type": "end", "requestId": "r1"})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert state.status == "ready"
 
 
@@ -444,19 +462,32 @@ def test_frames_for_other_requests_are_ignored() -> None:
     state.begin_request("r1", "hi")
     for frame in [
         chunk_frame("other", 0, {"type": "text-start", "id": "t"}),
-        {"type": "end", "requestId": "other"},
-        {"type": "error", "requestId": "other"},
+        from_server({"type": "end", "requestId": "other"}),
+        from_server({"type": "error", "requestId": "other"}),
+        from_server({"type": "no-active", "requestId": "other"}),
+    ]:
+        assert not state.receive(frame)
+    assert state.status == "submitted" and state.ignored_frames == 4
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
         {"type": "end"},
         {"type": 1, "requestId": "r1"},
         {"type": "surprise", "requestId": "r1"},
-        chunk_frame("r1", -1, {"type": "start"}),
+        {"type": "chunk", "requestId": "r1", "sequence": -1, "chunk": {"type": "start"}},
         {"type": "chunk", "requestId": "r1", "sequence": True, "chunk": {"type": "start"}},
         {"type": "chunk", "requestId": "r1", "sequence": "0", "chunk": {"type": "start"}},
+        {"type": "error", "requestId": "r1", "errorText": 5},
         "not a frame",
         None,
-    ]:
-        assert not state.receive(frame)
-    assert state.status == "submitted" and state.ignored_frames == 11
+    ],
+)
+def test_malformed_chat_frames_never_reach_the_chat(frame: object) -> None:
+    """Session parses every frame with protocol.py; these stop there (C13)."""
+    with pytest.raises(protocol.FrameError):
+        protocol.parse_server_frame(json.dumps(frame))
 
 
 def test_duplicate_and_out_of_order_chunks() -> None:
@@ -467,7 +498,7 @@ def test_duplicate_and_out_of_order_chunks() -> None:
     for sequence in order:
         state.receive(chunk_frame("r1", sequence, chunks[sequence]))
     assert state.last_sequence == 10
-    state.receive({"type": "end", "requestId": "r1"})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert state.messages[-1].to_wire() == build(chunks, "id-2").message.to_wire()
 
 
@@ -485,7 +516,7 @@ def test_end_with_a_gap_still_applies_what_came() -> None:
     state.receive(chunk_frame("r1", 0, {"type": "text-start", "id": "t"}))
     state.receive(chunk_frame("r1", 2, {"type": "text-delta", "id": "t", "delta": "late"}))
     assert state.messages[-1].text == ""
-    state.receive({"type": "end", "requestId": "r1"})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert state.messages[-1].text == "late" and state.status == "ready"
 
 
@@ -495,7 +526,7 @@ def test_resume_mid_stream_does_not_duplicate() -> None:
     state.begin_request("r1", "hi")
     feed(state, "r1", chunks[:5])
     assert state.status == "streaming" and state.last_sequence == 4
-    frame = state.begin_resume("r2")
+    frame = wire(state.begin_resume("r2"))
     assert frame == {
         "type": "resume",
         "requestId": "r2",
@@ -507,7 +538,7 @@ def test_resume_mid_stream_does_not_duplicate() -> None:
     assert state.status == "streaming"  # no flicker across the reconnect
     assert not state.receive(chunk_frame("r1", 5, chunks[5]))  # the old request is gone
     feed(state, "r2", chunks[2:], start=2)  # the server replays a little too much
-    state.receive({"type": "end", "requestId": "r2"})
+    state.receive(from_server({"type": "end", "requestId": "r2"}))
     assert read(state.status) == "ready"
     assert [m.role for m in state.messages] == ["user", "assistant"]
     assert state.messages[-1].to_wire() == build(chunks).message.to_wire() | {"id": "msg-1"}
@@ -519,11 +550,11 @@ def test_resume_with_explicit_sequence_and_full_replay() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
     feed(state, "r1", chunks[:3])
-    assert state.begin_resume("r2")["lastSequence"] == 2
-    frame = state.begin_resume("r3", last_sequence=0)  # ask for more than needed
+    assert state.begin_resume("r2").last_sequence == 2
+    frame = wire(state.begin_resume("r3", last_sequence=0))  # ask for more than needed
     assert frame["lastSequence"] == 0
     feed(state, "r3", chunks)  # everything again, from 0
-    state.receive({"type": "end", "requestId": "r3"})
+    state.receive(from_server({"type": "end", "requestId": "r3"}))
     assert state.messages[-1].text == "Hello, world."
     assert len(state.messages) == 2
 
@@ -535,10 +566,10 @@ def test_resume_without_a_response_rebuilds_in_place() -> None:
     feed(first, "r1", chunks[:4])
     # A new page with the same history resumes whatever is streaming.
     state = ChatState(chat_id="chat-1", id_factory=counter("new"), messages=first.messages)
-    frame = state.begin_resume("r9")
+    frame = wire(state.begin_resume("r9"))
     assert "lastSequence" not in frame and state.status == "submitted"
     feed(state, "r9", chunks)
-    state.receive({"type": "end", "requestId": "r9"})
+    state.receive(from_server({"type": "end", "requestId": "r9"}))
     assert [m.role for m in state.messages] == ["user", "assistant"]
     assert state.messages[-1].text == "Hello, world."
 
@@ -546,7 +577,7 @@ def test_resume_without_a_response_rebuilds_in_place() -> None:
 def test_no_active_answer_to_resume() -> None:
     state = make_state()
     state.begin_resume("r1")
-    assert state.receive({"type": "no-active", "requestId": "r1"})
+    assert state.receive(from_server({"type": "no-active", "requestId": "r1"}))
     assert state.status == "ready" and not state.active and state.messages == []
 
 
@@ -555,10 +586,11 @@ def test_abort() -> None:
     assert state.abort() is None
     state.begin_request("r1", "hi")
     feed(state, "r1", corpus("abort_mid_text")[:4])
-    assert state.abort() == {"type": "abort", "requestId": "r1"}
+    abort = state.abort()
+    assert abort is not None and wire(abort) == {"type": "abort", "requestId": "r1"}
     assert state.status == "ready" and not state.active
     assert not state.receive(chunk_frame("r1", 4, {"type": "abort"}))
-    assert not state.receive({"type": "end", "requestId": "r1"})
+    assert not state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert state.messages[-1].text == "Once upon"
     state.begin_request("r2", "again")  # a new request is allowed at once
 
@@ -567,11 +599,13 @@ def test_error_frame() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
     feed(state, "r1", corpus("plain_text")[:3])
-    assert state.receive({"type": "error", "requestId": "r1", "errorText": "rate limited"})
+    assert state.receive(
+        from_server({"type": "error", "requestId": "r1", "errorText": "rate limited"})
+    )
     assert (state.status, state.error, state.active) == ("error", "rate limited", False)
     state.begin_request("r2", "again")
     assert state.error is None and state.status == "submitted"
-    state.receive({"type": "error", "requestId": "r2", "errorText": 5})
+    state.receive(from_server({"type": "error", "requestId": "r2"}))
     assert state.error == "The chat server returned an error."
 
 
@@ -581,7 +615,7 @@ def test_error_chunk_keeps_streaming_until_end() -> None:
     chunks = corpus("error_chunk")
     feed(state, "r1", chunks)
     assert state.status == "streaming" and state.error == "model overloaded"
-    state.receive({"type": "end", "requestId": "r1"})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
     assert read(state.status) == "error" and state.error == "model overloaded"
 
 
@@ -600,9 +634,9 @@ def test_respond_approval() -> None:
     feed(state, "r1", chunks[:4])
     [pending] = state.pending_approvals
     assert pending.tool_call_id == "call-1" and pending.state == "approval-requested"
-    with pytest.raises(ChatUsageError):
+    with pytest.raises(LocalProtocolError):
         state.respond_approval("call-404", True)
-    frame = state.respond_approval("call-1", True, "looks fine")
+    frame = wire(state.respond_approval("call-1", True, "looks fine"))
     assert frame == {
         "type": "cf_agent_tool_approval",
         "toolCallId": "call-1",
@@ -611,10 +645,10 @@ def test_respond_approval() -> None:
     }
     assert read(pending.state) == "approval-responded" and state.pending_approvals == []
     assert pending.approval is not None and pending.approval.approved is True
-    with pytest.raises(ChatUsageError):
+    with pytest.raises(LocalProtocolError):
         state.respond_approval("call-1", False)  # already answered
     feed(state, "r1", chunks[4:], start=4)
-    state.receive({"type": "end", "requestId": "r1"})
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
     part = state.messages[-1].tool_parts[0]
     assert part.state == "output-available" and part.approval is not None
     assert part.approval.model_dump() == {
@@ -630,7 +664,7 @@ def test_respond_approval_denied_without_reason() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
     feed(state, "r1", corpus("approval_denied")[:4])
-    assert state.respond_approval("call-1", False) == {
+    assert wire(state.respond_approval("call-1", False)) == {
         "type": "cf_agent_tool_approval",
         "toolCallId": "call-1",
         "approved": False,
@@ -643,19 +677,19 @@ def test_respond_approval_in_an_earlier_message() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
     feed(state, "r1", corpus("approval_denied")[:4])
-    state.receive({"type": "end", "requestId": "r1"})  # the response paused for approval
+    state.receive(
+        from_server({"type": "end", "requestId": "r1"})
+    )  # the response paused for approval
     state.respond_approval("call-1", True)
     assert state.messages[-1].tool_parts[0].state == "approval-responded"
 
 
-def test_core_does_no_browser_io() -> None:
-    imports = [
-        line.split()[1]
-        for line in Path(chat_module.__file__).read_text().splitlines()
-        if line.startswith(("import ", "from "))
-    ]
-    for name in ("js", "pyodide", "pyscript", "websockets"):
-        assert not any(i == name or i.startswith(f"{name}.") for i in imports)
+def test_core_does_no_io() -> None:
+    """The chat core, everything it imports included, lazy imports too: no asyncio, no js."""
+    found = io_imports_reachable("clienttools.chat")
+    assert {module: roots for module, roots in found.items() if roots} == {}
+    core = {"clienttools.chat", "clienttools.message_builder", "clienttools.partial_json"}
+    assert core | {"clienttools.uimessage", "clienttools.protocol"} <= set(found)
 
 
 # --------------------------------------------------------------------------
@@ -729,7 +763,7 @@ def test_any_delivery_order_builds_the_same_message(case: tuple[str, list[int]])
         # Chunks ahead of a gap wait; once one applies, the status stays put.
         assert state.status == ("streaming" if state.last_sequence is not None else "submitted")
     assert state.status == "streaming"
-    state.receive({"type": "end", "requestId": "r"})
+    state.receive(from_server({"type": "end", "requestId": "r"}))
     message = state.response_message
     assert message is not None
     assert message.to_wire() == build(chunks, "m").message.to_wire()
@@ -745,11 +779,11 @@ def test_resume_replay_with_overlap_builds_the_same_message(name: str, data: st.
     state.begin_request("r1", "hi")
     feed(state, "r1", chunks[:cut])
     status_before = state.status
-    frame = state.begin_resume("r2")
+    frame = wire(state.begin_resume("r2"))
     assert frame.get("lastSequence") == (cut - 1 if cut else None)
     assert state.status == status_before  # a reconnect never flickers the status
     feed(state, "r2", chunks[replay_from:], start=replay_from)
-    state.receive({"type": "end", "requestId": "r2"})
+    state.receive(from_server({"type": "end", "requestId": "r2"}))
     message = state.response_message
     assert message is not None
     assert message.to_wire() == build(chunks, "m").message.to_wire()
@@ -790,7 +824,7 @@ async def until_sent(socket: FakeSocket, count: int) -> dict[str, Any]:
 
 
 def play(chat: Chat, request_id: str, chunks: list[dict[str, Any]], start: int = 0) -> None:
-    chat.feed({"type": "start", "requestId": request_id})
+    chat.feed(from_server({"type": "start", "requestId": request_id}))
     for sequence, chunk in enumerate(chunks, start):
         chat.feed(chunk_frame(request_id, sequence, chunk))
 
@@ -804,7 +838,7 @@ async def test_send_returns_the_finished_message(chat: Chat, socket: FakeSocket)
     assert chat.status == "submitted"
     play(chat, frame["requestId"], corpus("one_tool_call"))
     assert not task.done()
-    chat.feed({"type": "end", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
     message = await task
     assert message.text == "It is 18 °C and cloudy in Paris." and message.id == "msg-1"
     assert chat.messages[-1] is message and read(chat.status) == "ready"
@@ -818,7 +852,7 @@ async def test_stream_yields_snapshots(chat: Chat, socket: FakeSocket) -> None:
     async def server() -> None:
         frame = await until_sent(socket, 1)
         play(chat, frame["requestId"], chunks)
-        chat.feed({"type": "end", "requestId": frame["requestId"]})
+        chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
 
     task = asyncio.create_task(server())
     snapshots = [s async for s in chat.stream("go")]
@@ -834,7 +868,9 @@ async def test_stream_raises_on_error(chat: Chat, socket: FakeSocket) -> None:
     async def server() -> None:
         frame = await until_sent(socket, 1)
         play(chat, frame["requestId"], corpus("plain_text")[:4])
-        chat.feed({"type": "error", "requestId": frame["requestId"], "errorText": "boom"})
+        chat.feed(
+            from_server({"type": "error", "requestId": frame["requestId"], "errorText": "boom"})
+        )
 
     task = asyncio.create_task(server())
     seen: list[UIMessage] = []
@@ -849,7 +885,7 @@ async def test_stream_raises_on_error(chat: Chat, socket: FakeSocket) -> None:
 async def test_send_raises_on_error(chat: Chat, socket: FakeSocket) -> None:
     task = asyncio.create_task(chat.send("x"))
     frame = await until_sent(socket, 1)
-    chat.feed({"type": "error", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "error", "requestId": frame["requestId"]}))
     with pytest.raises(ChatResponseError, match="returned an error"):
         await task
     assert chat.status == "error"
@@ -882,7 +918,7 @@ async def test_respond_sends_the_approval(chat: Chat, socket: FakeSocket) -> Non
     assert chat.pending_approvals == []
     for sequence, chunk in enumerate(chunks[4:], 4):
         chat.feed(chunk_frame(frame["requestId"], sequence, chunk))
-    chat.feed({"type": "end", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
     assert (await task).tool_parts[0].state == "output-available"
 
 
@@ -900,7 +936,7 @@ async def test_reconnect_resumes_without_flicker(chat: Chat, socket: FakeSocket)
     assert resume["type"] == "resume" and resume["lastSequence"] == 3
     assert resume["requestId"] != frame["requestId"]
     play(chat, resume["requestId"], chunks[1:], start=1)  # overlapping replay
-    chat.feed({"type": "end", "requestId": resume["requestId"]})
+    chat.feed(from_server({"type": "end", "requestId": resume["requestId"]}))
     message = await task
     assert len(message.tool_parts) == 2 and message.text == "Cold, and it is 14:05."
     assert "ready" not in statuses[:-1] and statuses[-1] == "ready"
@@ -921,7 +957,7 @@ async def test_send_failure_ends_in_error(chat: Chat, socket: FakeSocket) -> Non
 async def test_one_response_at_a_time(chat: Chat, socket: FakeSocket) -> None:
     task = asyncio.create_task(chat.send("first"))
     await until_sent(socket, 1)
-    with pytest.raises(ChatUsageError):
+    with pytest.raises(LocalProtocolError):
         await chat.send("second")
     await chat.stop()
     await task
@@ -937,7 +973,7 @@ async def test_a_failing_callback_does_not_break_the_chat(
     task = asyncio.create_task(chat.send("x"))
     frame = await until_sent(socket, 1)
     play(chat, frame["requestId"], corpus("plain_text"))
-    chat.feed({"type": "end", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
     assert (await task).text == "Hello, world."
     assert "on_change callback failed" in caplog.text
 
@@ -950,7 +986,7 @@ async def test_resume_after_a_reload_replays_the_whole_response(
     assert frame["type"] == "resume" and frame["id"] == "chat-1"
     assert "lastSequence" not in frame  # a fresh page asks for everything
     play(chat, frame["requestId"], corpus("one_tool_call"))
-    chat.feed({"type": "end", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
     message = await task
     assert message is not None and message.text == "It is 18 °C and cloudy in Paris."
     assert read(chat.status) == "ready"
@@ -959,7 +995,7 @@ async def test_resume_after_a_reload_replays_the_whole_response(
 async def test_resume_with_nothing_streaming_returns_none(chat: Chat, socket: FakeSocket) -> None:
     task = asyncio.create_task(chat.resume())
     frame = await until_sent(socket, 1)
-    chat.feed({"type": "no-active", "requestId": frame["requestId"]})
+    chat.feed(from_server({"type": "no-active", "requestId": frame["requestId"]}))
     assert await task is None
     assert read(chat.status) == "ready"
 
@@ -967,7 +1003,7 @@ async def test_resume_with_nothing_streaming_returns_none(chat: Chat, socket: Fa
 async def test_resume_refuses_while_a_response_runs(chat: Chat, socket: FakeSocket) -> None:
     task = asyncio.create_task(chat.send("hi"))
     await until_sent(socket, 1)
-    with pytest.raises(ChatUsageError):
+    with pytest.raises(LocalProtocolError):
         await chat.resume()
     await chat.stop()
     await task

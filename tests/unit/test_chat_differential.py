@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from pydantic import MISSING
 
-from clienttools.chat import ChatState, MessageBuilder, UIMessage, parse_partial_json
+from clienttools import protocol
+from clienttools.chat import ChatState, MessageBuilder, UIMessage
+from clienttools.partial_json import parse_partial_json
 
 pytestmark = pytest.mark.node
 
@@ -104,11 +106,11 @@ def test_chat_state_matches_read_ui_message_stream(
     chunks = _load(path)["chunks"]
     state = ChatState(chat_id="chat", id_factory=lambda: _first_message_id(chunks))
     state.begin_request("req", "hi")
-    state.receive({"type": "start", "requestId": "req"})
+    state.receive(protocol.StartFrame(request_id="req"))
     for sequence, chunk in enumerate(chunks):
-        state.receive({"type": "chunk", "requestId": "req", "sequence": sequence, "chunk": chunk})
+        state.receive(protocol.ChunkFrame(request_id="req", sequence=sequence, chunk=chunk))
         assert state.status == "streaming"
-    state.receive({"type": "end", "requestId": "req"})
+    state.receive(protocol.EndFrame(request_id="req"))
     message = state.response_message
     assert message is not None
     assert message.to_wire() == node_results[path.stem]["message"]

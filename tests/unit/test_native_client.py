@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from clienttools.client import ToolClient
+from clienttools.client import CLIENT_TRANSITIONS, ClientEvent, ToolClient
 from clienttools.native import NativeConnector
+from clienttools.rules import LocalProtocolError
 from clienttools.tools import ToolContext
 from clienttools.transport import (
     ConnectionFailed,
@@ -178,7 +179,9 @@ async def test_connect_returns_after_the_tools_ack(server: ScriptedServer) -> No
     connecting = asyncio.create_task(client.connect())
     _, tools = await server.next_frame("cf_agent_client_tools")
     assert {t["name"] for t in tools["tools"]} == {"add", "nap"}
-    await asyncio.sleep(0.1)
+    # A ping answered proves the client is reading this socket, and still waiting.
+    await server.send({"type": "cf_agent_ping", "t": 1})
+    await server.next_frame("cf_agent_pong")
     assert not connecting.done() and not client.connected
     await server.send({"type": "cf_agent_client_tools_ack", "accepted": ["add", "nap"]})
     await asyncio.wait_for(connecting, 1.0)
@@ -277,13 +280,24 @@ async def test_invoke_gets_a_result(server: ScriptedServer, client: ToolClient) 
 
 
 async def test_three_slow_tools_run_at_once(server: ScriptedServer, client: ToolClient) -> None:
+    gate = asyncio.Event()
+
+    @client.tool
+    async def wait_for_gate(ctx: ToolContext) -> str:
+        """Report that it started, then wait until the test opens the gate."""
+        await ctx.progress(0.0)
+        await gate.wait()
+        return ctx.request_id
+
     await client.connect()
-    started = time.monotonic()
     for i in range(3):
-        await server.invoke(f"r{i}", "nap", {"seconds": 0.3})
+        await server.invoke(f"r{i}", "wait_for_gate", {})
+    started = [await server.next_frame("cf_agent_client_tool_progress") for _ in range(3)]
+    assert sorted(frame["requestId"] for _, frame in started) == ["r0", "r1", "r2"]
+    assert sorted(client.session.running_request_ids()) == ["r0", "r1", "r2"]  # all at once
+    gate.set()
     results = [await server.next_frame("cf_agent_client_tool_result") for _ in range(3)]
-    assert time.monotonic() - started < 0.6
-    assert sorted(frame["requestId"] for _, frame in results) == ["r0", "r1", "r2"]
+    assert sorted(frame["output"] for _, frame in results) == ["r0", "r1", "r2"]
 
 
 async def test_cancel_reaches_the_tool_and_no_result_follows(
@@ -435,7 +449,7 @@ async def test_close_cancels_running_tools_and_leaves_no_tasks(server: ScriptedS
     await client.close()
     assert flags.cancelled == ["r1"]
     await server.no_frame("cf_agent_client_tool_result", within=0.1)
-    assert client._timer is None
+    assert not client._timer.armed
     await server.stop()  # its handler tasks end too; then nothing is left from this test
     assert asyncio.all_tasks() == before
     await client.close()  # twice is fine
@@ -471,3 +485,25 @@ def test_the_chat_id_defaults_to_the_session_so_a_reload_can_resume() -> None:
     client = ToolClient("ws://127.0.0.1:1/agents/chat/my%20room?x=1", token="t")
     assert client.chat.state.chat_id == "my room"
     assert ToolClient("ws://h/agents/chat/s", chat_id="c").chat.state.chat_id == "c"
+
+
+# --- the status table ------------------------------------------------------------------
+
+
+def test_status_table_closes_from_anywhere_and_connects_only_from_rest() -> None:
+    assert all(events[ClientEvent.CLOSED] == "closed" for events in CLIENT_TRANSITIONS.values())
+    connectable = {
+        status for status, events in CLIENT_TRANSITIONS.items() if ClientEvent.CONNECT in events
+    }
+    assert connectable == {"idle", "closed"}
+    reopened = {
+        status for status, events in CLIENT_TRANSITIONS.items() if ClientEvent.OPENED in events
+    }
+    assert reopened == {"connecting", "reconnecting"}
+
+
+async def test_a_step_the_status_table_does_not_list_raises(server: ScriptedServer) -> None:
+    client = ToolClient(server.url, connect_timeout=2.0)
+    with pytest.raises(LocalProtocolError):
+        client._step(ClientEvent.OPENED)  # idle: nothing was opening
+    assert client.status == "idle"

@@ -173,6 +173,64 @@ def awkward_names(json: int, schema: str = "", model_config: bool = False) -> No
     """Parameter names that shadow BaseModel attributes still work."""
 
 
+# One tool per docstring style, with the same parameters and the same words, so
+# their snapshots differ only in the name.
+
+
+def google_docstring(city: str, days: int = 3, units: Literal["C", "F"] = "C") -> str:
+    """Forecast the weather for a city.
+
+    The forecast comes from the page's own data.
+
+    Args:
+        city: The city to forecast, e.g.
+            "Paris".
+        days: How many days ahead.
+        units (str): Celsius or Fahrenheit.
+
+    Returns:
+        A short forecast.
+    """
+    return city
+
+
+def numpy_docstring(city: str, days: int = 3, units: Literal["C", "F"] = "C") -> str:
+    """Forecast the weather for a city.
+
+    The forecast comes from the page's own data.
+
+    Parameters
+    ----------
+    city : str
+        The city to forecast, e.g.
+        "Paris".
+    days : int, optional
+        How many days ahead.
+    units : {"C", "F"}
+        Celsius or Fahrenheit.
+
+    Returns
+    -------
+    str
+        A short forecast.
+    """
+    return city
+
+
+def sphinx_docstring(city: str, days: int = 3, units: Literal["C", "F"] = "C") -> str:
+    """Forecast the weather for a city.
+
+    The forecast comes from the page's own data.
+
+    :param city: The city to forecast, e.g.
+        "Paris".
+    :param int days: How many days ahead.
+    :param units: Celsius or Fahrenheit.
+    :returns: A short forecast.
+    """
+    return city
+
+
 SAMPLES: list[Callable[..., Any]] = [
     primitives,
     nested_models,
@@ -184,6 +242,9 @@ SAMPLES: list[Callable[..., Any]] = [
     no_parameters,
     containers,
     awkward_names,
+    google_docstring,
+    numpy_docstring,
+    sphinx_docstring,
 ]
 
 
@@ -392,6 +453,51 @@ def test_parse_docstring_variants() -> None:
         "Summary.",
         {"a": "first.", "rest": "splat. After a blank line.", "opts": "options."},
     )
+
+
+def test_every_docstring_style_gives_the_same_schema() -> None:
+    google, numpy, sphinx = (
+        spec_json(make_tool(fn, name="forecast"))
+        for fn in (google_docstring, numpy_docstring, sphinx_docstring)
+    )
+    assert google == numpy == sphinx
+    assert google["description"] == "Forecast the weather for a city."
+    props = google["inputSchema"]["properties"]
+    assert props["city"]["description"] == 'The city to forecast, e.g. "Paris".'
+    assert props["units"]["description"] == "Celsius or Fahrenheit."
+
+
+def test_parse_docstring_of_each_style() -> None:
+    expected = ("Sum.", {"a": "The first addend.", "b": "The second, over two lines."})
+    google = """Sum.
+
+    Args:
+        a (int): The first addend.
+        b: The second,
+            over two lines.
+    """
+    numpy = """Sum.
+
+    Parameters
+    ----------
+    a : int
+        The first addend.
+    b
+        The second,
+        over two lines.
+    """
+    sphinx = """Sum.
+
+    :param int a: The first addend.
+    :param b: The second,
+        over two lines.
+    :rtype: int
+    """
+    assert parse_docstring(google) == parse_docstring(numpy) == parse_docstring(sphinx) == expected
+
+
+def test_docstring_without_readable_entries_keeps_its_summary() -> None:
+    assert parse_docstring("Sum.\n\n    Args:\n    no entries") == ("Sum.", {})
 
 
 def test_docstring_entries_for_missing_parameters_are_ignored() -> None:
