@@ -276,6 +276,18 @@ class ChatState:
         self._finish("ready")
         return protocol.AbortFrame(request_id=response.request_id)
 
+    def clear(self) -> None:
+        """Forget every message: the next ``begin_request`` starts a fresh conversation.
+
+        The chat id, ``status`` and ``error`` stay as they are (the server reads
+        the history from each ``send`` frame, so nothing needs telling). Not while
+        a response is in flight: ``abort()`` it or wait for it first.
+        """
+        if self._response is not None:
+            raise LocalProtocolError("a response is in progress; stop it or wait for it first")
+        self._messages.clear()
+        self._last_message = None
+
     def fail(self, error_text: str) -> bool:
         """The I/O layer could not send the request: end it with an error."""
         if self._response is None:
