@@ -61,7 +61,7 @@ import json
 from collections import OrderedDict
 
 from clienttools.context import ToolContext, ToolError, json_problem
-from clienttools.input_schema import compile_schema
+from clienttools.input_schema import compile_schema, is_number
 from clienttools.rules import (
     ACK_OUTCOMES,
     CANCEL_REASONS,
@@ -134,10 +134,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 # --- tools ---------------------------------------------------------------------------------
 
 
@@ -164,7 +160,7 @@ class Tool:
             raise TypeError(f'the schema of tool {name!r} must be a dict with "type": "object"')
         if output_schema is not None and not isinstance(output_schema, dict):
             raise TypeError(f"the output_schema of tool {name!r} must be a dict")
-        if timeout is not None and not (_is_number(timeout) and timeout > 0):
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise ValueError(f"the timeout of tool {name!r} must be a positive number")
         problem = json_problem(schema) or json_problem(output_schema)
         if problem is not None:
@@ -557,7 +553,7 @@ class Session:
                 self._outbox_overflowing = False
 
     def _receive_ping(self, raw: "dict[str, Any]", now: float) -> None:
-        t = _field(raw, "t", _is_number, "a valid number")
+        t = _field(raw, "t", is_number, "a valid number")
         if self.connected:
             self._to_send.append(_dumps({"type": "cf_agent_pong", "t": float(t)}))
 

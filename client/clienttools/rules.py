@@ -118,10 +118,8 @@ class CallEvent(Enum):
 def _late(final: "CallState") -> "dict[CallEvent, CallState]":
     # A run that was cancelled or timed out is still alive until the adapter reports
     # how it ended; that late outcome is dropped (no second result), hence the self-loops.
-    late = {}
-    for event in (CallEvent.RETURN, CallEvent.RETURN_UNUSABLE, CallEvent.RAISE):
-        late[event] = final
-    late[CallEvent.RUN_CANCELLED] = final
+    ends = (CallEvent.RETURN, CallEvent.RETURN_UNUSABLE, CallEvent.RAISE, CallEvent.RUN_CANCELLED)
+    late = {event: final for event in ends}
     # CANCELLED: C8, a repeated cancel is ignored. TIMED_OUT: the server timed out too.
     late[CallEvent.CANCEL] = final
     return late
