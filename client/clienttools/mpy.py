@@ -263,7 +263,6 @@ class _Call:
     __slots__ = (
         "attempt",
         "deadline",
-        "last_progress",
         "request_id",
         "state",
         "tool_call_id",
@@ -276,7 +275,6 @@ class _Call:
         self.attempt = attempt
         self.state = CallState.RECEIVED
         self.deadline: float | None = None
-        self.last_progress: float | None = None
         self.tool_name = ""
 
     def step(self, event: "CallEvent") -> "CallState":
@@ -646,10 +644,9 @@ class Session:
             return
         output = _dumps(value)
         size = len(output)  # characters: a lower bound of the UTF-8 size
-        if size <= self.max_result_bytes and size * 4 > self.max_result_bytes:
+        if size * 4 > self.max_result_bytes:  # else even 4 bytes a character fit
             size = _utf8_size(output)
         if size > self.max_result_bytes:
-            size = _utf8_size(output)
             message = too_large_message(size, self.max_result_bytes)
             result = _error_result(request_id, "output_too_large", message, {"size": size})
             self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
@@ -695,7 +692,6 @@ class Session:
         call = self._calls.get(request_id)
         if call is None or call.state is not CallState.RUNNING:
             return
-        call.last_progress = progress
         if self.connected:
             frame: dict[str, Any] = {
                 "type": "cf_agent_client_tool_progress",
