@@ -79,6 +79,7 @@ from clienttools.rules import (
     CallState,
     backoff,
     cut_message,
+    drop_missing_inputs,
     effective_timeout,
     invalid_input_message,
     is_tool_name,
@@ -513,9 +514,7 @@ class Session:
             return
         errors = tool.check_input(arguments)
         if errors:
-            for error in errors:
-                if error.get("type") == "missing":
-                    error.pop("input", None)
+            drop_missing_inputs(errors)
             message = invalid_input_message(tool_name, errors)
             self._finish(
                 call, CallEvent.REJECT, _error_result(request_id, "invalid_input", message, errors)

@@ -24,6 +24,7 @@ except ImportError:  # MicroPython: no enum, so the members below stay plain str
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
+    from typing import Any
 
 # --- the wire's limits (PROTOCOL.md: Transport, ToolSpec, S10) ---------------------------
 
@@ -213,6 +214,18 @@ def invalid_input_message(tool_name: str, errors: "Sequence[Mapping[str, object]
     if len(errors) > ERRORS_IN_MESSAGE:
         parts.append(f"and {len(errors) - ERRORS_IN_MESSAGE} more")
     return f"invalid input for tool {tool_name!r}: {'; '.join(parts)}"
+
+
+def drop_missing_inputs(errors: "Sequence[dict[str, Any]]") -> None:
+    """Drop `input` from each `missing` error (the whole argument object, no help to a model).
+
+    >>> errors = [{"type": "missing", "loc": ["a"], "input": {}}]
+    >>> drop_missing_inputs(errors); errors
+    [{'type': 'missing', 'loc': ['a']}]
+    """
+    for err in errors:
+        if err.get("type") == "missing":
+            err.pop("input", None)
 
 
 def cut_message(message: str) -> str:
