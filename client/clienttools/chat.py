@@ -126,6 +126,7 @@ class _Response:
 
 
 DEFAULT_ERROR: Final = "The chat server returned an error."
+_IN_PROGRESS: Final = "a response is in progress; stop it or wait for it first"
 
 
 class ChatState:
@@ -223,7 +224,7 @@ class ChatState:
     ) -> protocol.SendFrame:
         """Append the user's message and return the ``send`` frame for it."""
         if self._response is not None:
-            raise LocalProtocolError("a response is in progress; stop it or wait for it first")
+            raise LocalProtocolError(_IN_PROGRESS)
         if isinstance(user_message, str):
             user_message = UIMessage(
                 id=self._id_factory(), role="user", parts=[TextPart(text=user_message)]
@@ -284,7 +285,7 @@ class ChatState:
         a response is in flight: ``abort()`` it or wait for it first.
         """
         if self._response is not None:
-            raise LocalProtocolError("a response is in progress; stop it or wait for it first")
+            raise LocalProtocolError(_IN_PROGRESS)
         self._messages.clear()
         self._last_message = None
 
