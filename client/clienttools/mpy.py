@@ -65,6 +65,7 @@ from clienttools.input_schema import compile_schema, is_number
 from clienttools.rules import (
     ACK_OUTCOMES,
     CANCEL_REASONS,
+    CLOSE_CODE_SILENT,
     COMPLETED_CACHE_SIZE,
     DEFAULT_PING_INTERVAL,
     LIVENESS_FACTOR,
@@ -109,7 +110,6 @@ __all__ = [
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 #: Chat frames (C14) have no client here; they are dropped without a warning.
 _CHAT_TYPES = ("start", "chunk", "end", "error", "no-active")
-_CLOSE_CODE_SILENT = 4000
 _OPEN = 1
 
 
@@ -1153,7 +1153,7 @@ class ToolClient:
             if connection is None:
                 return
             await connection.ended.wait()
-            code = _CLOSE_CODE_SILENT if connection.close_code == _CLOSE_CODE_SILENT else 1000
+            code = CLOSE_CODE_SILENT if connection.close_code == CLOSE_CODE_SILENT else 1000
             self._detach(connection, code)
             if self._closing:
                 return
@@ -1238,7 +1238,7 @@ class ToolClient:
             connection = self._connection
             if connection is not None:
                 _log("warn", f"replacing a silent connection: {event[1]}")
-                connection.close_code = _CLOSE_CODE_SILENT
+                connection.close_code = CLOSE_CODE_SILENT
                 self._end(connection, event[1])
 
     def _start_run(

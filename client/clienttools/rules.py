@@ -73,6 +73,8 @@ ACK_OUTCOMES = ("applied", "duplicate", "stale", "invalid")
 DEFAULT_PING_INTERVAL = 15.0
 #: C12: a connection on which nothing arrived for this many ping intervals is dead.
 LIVENESS_FACTOR = 2.5
+#: Close code for a connection dropped because nothing arrived on it (C12).
+CLOSE_CODE_SILENT = 4000
 #: C7 asks to remember at least the last 1,000 completed requests.
 COMPLETED_CACHE_SIZE = 1000
 #: Exception text and ToolError messages longer than this are cut, so an error
