@@ -54,7 +54,10 @@ class ServerConfig:
     max_tool_timeout: float = 300.0
     # S4: what a call whose connection closes does.
     disconnect_policy: DisconnectPolicy = "wait"
+    # Any pydantic-ai model name ("openai:gpt-4o", "test", ...) or "scripted".
     model: str = "scripted"
+    # ``module:attr`` of a user's pydantic-ai Agent to serve (None: a plain agent).
+    agent: str | None = None
     client_tools: ClientToolsMode = "rpc"
     # The scripted model's latency per model request: before its first chunk, and
     # between chunks (0 answers at once; a hosted model is more like 0.5 and 0.02).

@@ -11,23 +11,21 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.app import StaticDirs
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
-from clienttools_server.models import (
-    AssistantMessage,
-    ScriptedModel,
-    TextDelta,
-    ToolCall,
-    ToolDescription,
-    ToolResult,
-    UserMessage,
-    parse_call_line,
-    words,
-)
 from clienttools_server.proxy import (
     CALL_TRANSITIONS,
     LATE_RESULT,
@@ -36,6 +34,7 @@ from clienttools_server.proxy import (
     next_call_state,
 )
 from clienttools_server.schema import OutputSchemas
+from clienttools_server.scripted import parse_call_line, scripted_model, words
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 
@@ -61,17 +60,18 @@ def test_call_lines(line: str, parsed: Any) -> None:
 
 
 async def test_scripted_model_answers_one_line_per_call() -> None:
-    calls = (ToolCall("c1", "a", {}), ToolCall("c2", "b", {}))
-    history = [
-        UserMessage("call a {}\ncall b {}"),
-        AssistantMessage("", calls),
-        ToolResult("c2", "b", error={"code": "timeout", "message": "too slow"}),
-        ToolResult("c1", "a", output={"k": [1, 2]}),
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("call a {}\ncall b {}")]),
+        ModelResponse(parts=[ToolCallPart("a", {}, "c1"), ToolCallPart("b", {}, "c2")]),
+        ModelRequest(
+            parts=[
+                ToolReturnPart("b", "timeout: too slow", "c2", outcome="failed"),
+                ToolReturnPart("a", {"k": [1, 2]}, "c1"),
+            ]
+        ),
     ]
-    tools = [ToolDescription("a", "", {}), ToolDescription("b", "", {})]
-    events = [e async for e in ScriptedModel().stream(history, tools)]
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    assert text == 'a -> {"k":[1,2]}\nb failed: timeout: too slow'
+    result = await Agent(scripted_model()).run(message_history=history)
+    assert result.output == 'a -> {"k":[1,2]}\nb failed: timeout: too slow'
 
 
 @pytest.mark.parametrize(
