@@ -386,6 +386,7 @@ class Session:
         self._calls: dict[str, _Call] = {}
         self._results = _Recent()  # C7's memory of completed requests
         self._outbox = _Recent()  # results until cf_agent_client_tool_result_ack (C11)
+        self._outbox_overflowing = False
         self._to_send: list[str] = []
         self._events: list[tuple[Any, ...]] = []
 
@@ -552,6 +553,8 @@ class Session:
             _log("warn", f"server refused the result of {request_id!r} ({outcome}){detail}")
         if self._outbox.pop(request_id) is not None:
             self.outbox_revision += 1
+            if len(self._outbox) < self.completed_cache_size:
+                self._outbox_overflowing = False
 
     def _receive_ping(self, raw: "dict[str, Any]", now: float) -> None:
         t = _field(raw, "t", _is_number, "a valid number")
@@ -737,7 +740,13 @@ class Session:
         self._outbox.put(request_id, result)
         while len(self._outbox) > self.completed_cache_size:
             dropped = self._outbox.pop_oldest()
-            _log("warn", f"outbox full: dropped the unacknowledged result of {dropped!r}")
+            if not self._outbox_overflowing:  # one console line per burst, not one per drop
+                self._outbox_overflowing = True
+                _log(
+                    "warn",
+                    f"outbox full ({self.completed_cache_size} unacknowledged results): dropping "
+                    f"the oldest, starting with {dropped!r}, until acks make room",
+                )
         self.outbox_revision += 1
         if self.connected:
             self._to_send.append(result)
