@@ -4,10 +4,10 @@ A port of the ``ai`` package's ``fixJson`` + ``parsePartialJson``, so a
 streaming tool input shows the same partial value in Python as in the AI SDK
 (``tests/unit/test_chat_differential.py`` checks every prefix of a corpus
 against Node). We keep our own instead of a library because the libraries
-disagree with ``fixJson`` on partial literals and numbers:
-``pydantic_core.from_json(allow_partial=True)`` drops a partial ``tr`` where
-``fixJson`` completes it to ``true``, and ``partial-json-parser`` does the
-same with ``nu`` and with a trailing ``2.``.
+disagree with ``fixJson`` on partial literals: ``pydantic_core.from_json(...,
+allow_partial=True)`` drops a partial ``tr``, ``nu`` or ``2.`` that ``fixJson``
+completes (``[1, tr`` gives ``[1]`` there, ``[1, true]`` in the AI SDK), and
+``partial-json-parser`` disagrees with it on partial literals as well.
 
     >>> parse_partial_json('{"city": "Par')
     {'city': 'Par'}
