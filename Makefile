@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 CHROMIUM ?= /usr/bin/chromium
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# Any pydantic-ai model name (anthropic:claude-sonnet-4-5, openai:gpt-4o, ...) or scripted.
+MODEL ?= scripted
 PYTEST_ARGS ?=
 
 .PHONY: all bootstrap postgresql web test demo bench soak lint clean
@@ -46,7 +48,7 @@ test: bootstrap web
 
 demo: bootstrap web
 	@echo "clienttools demo: open http://$(HOST):$(PORT)/ (Ctrl+C stops it)"
-	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --static demo --static build/web
+	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --model $(MODEL) --static demo --static build/web
 
 bench: bootstrap web
 	$(PY) -m bench

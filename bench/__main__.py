@@ -3,6 +3,7 @@
     python -m bench                 # the full suite: 5 runs of every figure
     python -m bench --quick         # the smoke version: tiny N, 1 run, every figure
     python -m bench --runs 7 --out /tmp/bench --only browser
+    python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -24,7 +25,7 @@ from typing import Any
 
 from tests.support.static import StaticServer
 
-from bench import report, resolves
+from bench import peer, report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 from bench.servermemory import measure as measure_server_memory
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("browser", "server", "resolves"),
-        help="run only the browser figures, the server figures, or the HTTP resolves",
+        choices=("browser", "server", "resolves", "peer"),
+        help="run only the browser figures, the server figures, the HTTP resolves or the peer",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
-    if args.only not in ("server", "resolves"):
+    if args.only in (None, "browser"):
         dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
         for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
             dirs[f"/{name}/"] = WEB.parent / name
@@ -198,19 +199,26 @@ def main(argv: list[str] | None = None) -> int:
                     runs[run].update(browser_run(browser, settings, run))
         finally:
             static.stop()
-    if args.only not in ("browser", "server"):
+    if args.only in (None, "resolves"):
         _progress(f"{settings.resolves_n} concurrent HTTP resolves")
         resolved = resolves.measure(settings.resolves_n)
         if not resolved["exactly_once"]:
             raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
     else:
         resolved = None
-    if args.only not in ("browser", "resolves"):
+    if args.only in (None, "server"):
         for run in range(settings.runs):
             _progress(f"server run {run + 1}/{settings.runs}")
             runs[run].update(server_run(settings, run))
 
+    peer_result = None
+    if args.only in (None, "peer"):
+        _progress("peer benchmark: RPC against the round trip")
+        peer_result = peer.measure(peer.QUICK if args.quick else peer.PeerSettings())
+
     results = report.summarize(runs)
+    if peer_result is not None:
+        results["peer"] = peer_result
     results["meta"] = {
         "settings": asdict(settings),
         "quick": args.quick,
@@ -228,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     markdown = report.markdown(results)
     if resolved is not None:
         markdown += "\n" + resolves.markdown(resolved)
+    if peer_result is not None:
+        markdown += "\n" + peer.markdown(peer_result)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0

@@ -57,8 +57,13 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the server did not start listening in time")
 
 
-def measure(ledger: bool, clients: int, invokes: int) -> dict[str, Any]:
-    """One fleet run against a fresh server; the fleet's numbers plus the server's CPU."""
+def measure(
+    ledger: bool, clients: int, invokes: int, server_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One fleet run against a fresh server; the fleet's numbers plus the server's CPU.
+
+    ``server_env`` adds to the server's environment (PYTHONPATH=... runs other code).
+    """
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="clienttools-bench-") as tmp:
         command = [
@@ -72,7 +77,8 @@ def measure(ledger: bool, clients: int, invokes: int) -> dict[str, Any]:
         ]
         if ledger:
             command += ["--db", str(Path(tmp) / "ledger.sqlite3")]
-        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        env = {**os.environ, **(server_env or {})}
+        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
         try:
             _wait_listening(port, server)
             cpu_before = _cpu_seconds(server.pid)

@@ -676,7 +676,22 @@ for target, event_name, handler in _listeners:
 
 # --------------------------------------------------------------------------- start
 
+
+async def show_model() -> None:
+    """Say which model answers (the server's ``/agents/info``)."""
+    try:
+        response = await js.fetch("/agents/info")
+        info = (await response.json()).to_py()
+    except Exception:  # an older server without the route: keep what the page says
+        return
+    name = str(info.get("model", "scripted"))
+    el("model-name").textContent = name
+    if name != "scripted":
+        el("model-note").textContent = ""
+
+
 el("session-id").textContent = SESSION
+await show_model()  # noqa: F704
 el("boot-step").textContent = "Connecting to the agent"
 el("boot-bar").style.width = "95%"
 render_notes()

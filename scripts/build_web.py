@@ -13,6 +13,9 @@ Layout of the result:
                           pure modules of the MicroPython flavour (MPY_MODULES)
                           and clienttools.json, the PyScript config that loads
                           them: `<script type="mpy" config="/micropython/clienttools.json">`
+    build/web/ai/ai.mjs   the `ai` package's chat client (AbstractChat, its
+                          WebSocketChatTransport), bundled by esbuild from
+                          node_modules as one ES module for the browser
 
 Every browser-side version is pinned in package.json: the npm packages under
 `dependencies`, the wheels under `browserWheels`. The build is incremental:
@@ -315,6 +318,29 @@ def lock_for(wheels: list[Wheel], info: dict[str, object]) -> dict[str, object]:
     return {"info": info, "packages": dict(sorted(packages.items())), "tool": {}}
 
 
+# What the browser bundle of the `ai` package exports: its own chat client, which
+# the benchmark's peer page drives (bench/pages/peer_aichat.html).
+AI_BUNDLE_EXPORTS = (
+    "AbstractChat",
+    "WebSocketChatTransport",
+    "lastAssistantMessageIsCompleteWithToolCalls",
+)
+
+
+def bundle_ai_chat(out: Path, cache: Path) -> int:
+    """Bundle the `ai` package's chat client into ``out/ai/ai.mjs`` with esbuild (offline)."""
+    esbuild = ROOT / "node_modules" / ".bin" / "esbuild"
+    entry = f'export {{ {", ".join(AI_BUNDLE_EXPORTS)} }} from "ai";\n'
+    built = cache / "ai.mjs"
+    # esbuild reads the entry from stdin and resolves "ai" from the working directory.
+    subprocess.run(
+        [str(esbuild), "--bundle", "--format=esm", "--platform=browser", "--minify",
+         "--log-level=warning", f"--outfile={built}"],
+        input=entry, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    return int(copy_if_changed(built, out / "ai" / "ai.mjs"))
+
+
 def mpy_config() -> str:
     """The PyScript config of a MicroPython clienttools page: our interpreter, our modules."""
     config = {
@@ -350,6 +376,7 @@ def build(out: Path, cache: Path) -> None:
     copied = sync_tree(node_modules / "pyodide", out / "pyodide", skip=PYODIDE_SKIP)
     copied += sync_tree(node_modules / "@pyscript" / "core" / "dist", out / "pyscript")
     copied += build_micropython(node_modules, out)
+    copied += bundle_ai_chat(out, cache)
     wheel_paths = [*download_wheels(cache), build_client_wheel(cache)]
     for path in wheel_paths:
         copied += copy_if_changed(path, out / "pyodide" / path.name)

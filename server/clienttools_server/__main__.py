@@ -10,19 +10,29 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 
 import uvicorn
 
+from .agents import AgentLoadError
 from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
-from .config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from .model_choice import ModelChoiceError
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
 
 
@@ -105,8 +115,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=defaults.model,
-        help="the model that answers; 'scripted' is deterministic and offline "
+        help="the model that answers: any pydantic-ai model name (openai:gpt-4o, "
+        "anthropic:claude-sonnet-4-5, google-gla:gemini-2.5-flash, groq:..., test), its key "
+        "from the provider's usual environment variable; 'scripted' is deterministic and "
+        "offline (default: %(default)s; with --agent, the agent's own model)",
+    )
+    p.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="serve this pydantic-ai Agent (e.g. examples.agent:agent), with each session's "
+        "page tools added per run (default: a plain agent)",
+    )
+    p.add_argument(
+        "--client-tools",
+        choices=CLIENT_TOOLS_MODES,
+        default=defaults.client_tools,
+        help="how page tools run: 'rpc' calls them over the page's socket inside one "
+        "response; 'round-trip' ends the response at the call (finishReason 'tool-calls') "
+        "and the page's next send, carrying the output, continues (default: %(default)s)",
+    )
+    p.add_argument(
+        "--first-chunk-delay",
+        type=_not_negative,
+        default=defaults.first_chunk_delay,
+        metavar="SECONDS",
+        help="scripted model: wait this long before the first chunk of each model request "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--chunk-delay",
+        type=_not_negative,
+        default=defaults.chunk_delay,
+        metavar="SECONDS",
+        help="scripted model: wait this long between chunks (default: %(default)s)",
     )
     p.add_argument(
         "--ttl",
@@ -154,6 +195,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
         disconnect_policy=args.disconnect_policy,
         model=args.model,
+        agent=args.agent,
+        client_tools=args.client_tools,
+        first_chunk_delay=args.first_chunk_delay,
+        chunk_delay=args.chunk_delay,
         log_level=args.log_level,
         ttl=args.ttl,
         retention=args.retention,
@@ -165,7 +210,13 @@ def serve(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
     """Log as ``config`` says and serve until interrupted."""
     level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.Server(uvicorn_config(create_app(config, clock=clock), config)).run()
+    try:
+        app = create_app(config, clock=clock)
+    except (ModelChoiceError, AgentLoadError) as exc:
+        # One line that says what to do, not a traceback.
+        print(f"clienttools-server: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    uvicorn.Server(uvicorn_config(app, config)).run()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

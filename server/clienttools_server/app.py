@@ -15,24 +15,30 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
+from pydantic_ai import Agent
+from pydantic_ai.models import Model, infer_model
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Mount, WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .agents import default_agent, load_agent
 from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
 from .ledger import Ledger, SqliteLedger
-from .models import Model, create_model
+from .model_choice import choose_model
 from .pending import PendingCalls
 from .routes import pending_routes
+from .scripted import SCRIPTED
 from .server_tools import ServerTool, default_server_tools
 from .websocket_protocol import WebSocketProtocol
 
@@ -102,21 +108,60 @@ def open_ledger(db: str | None) -> Ledger:
     return SqliteLedger(db)
 
 
+def serving(
+    config: ServerConfig, agent: Agent[None, Any] | None = None, model: Model | None = None
+) -> tuple[Agent[None, Any], Model]:
+    """The agent and the model a server with ``config`` runs.
+
+    The agent is ``agent``, else ``config.agent`` loaded, else a plain one; the
+    model is ``model``, else the ``--model`` name when it is not the default,
+    else the agent's own model, else the scripted one. Raises ModelChoiceError
+    or AgentLoadError with a message that says what to do.
+    """
+    if agent is None:
+        agent = load_agent(config.agent) if config.agent is not None else default_agent()
+    if model is None:
+        if config.model == SCRIPTED and agent.model is not None:
+            model = infer_model(agent.model)
+        else:
+            model = choose_model(
+                config.model,
+                first_chunk_delay=config.first_chunk_delay,
+                chunk_delay=config.chunk_delay,
+            )
+    return agent, model
+
+
+def model_label(config: ServerConfig, model: Model) -> str:
+    """The model's name as a person reads it: the ``--model`` name, or the model's own."""
+    if config.model != SCRIPTED or model.model_name == SCRIPTED:
+        return config.model
+    return f"{model.system}:{model.model_name}"
+
+
 def create_app(
     config: ServerConfig,
     *,
+    agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
-    """The app for ``config``; ``model``, ``server_tools`` and ``clock`` replace the defaults."""
-    chosen_model = model if model is not None else create_model(config.model)
+    """The ASGI app for ``config``, serving ``agent`` (a user's pydantic-ai Agent) if given.
+
+    Each session's page tools are added to the agent per run. ``model``
+    replaces the agent's model; ``server_tools`` the default server tools.
+    """
+    chosen_agent, chosen_model = serving(config, agent, model)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         ledger = open_ledger(config.db)
-        hub = Hub(config, ledger, chosen_model, tools, durable=config.db is not None, clock=clock)
+        hub = Hub(
+            config, ledger, chosen_agent, chosen_model, tools,
+            durable=config.db is not None, clock=clock,
+        )  # fmt: skip
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
@@ -128,7 +173,16 @@ def create_app(
             await hub.close()
             ledger.close()
 
-    routes: list[BaseRoute] = [WebSocketRoute("/agents/chat/{session}", chat_endpoint)]
+    label = model_label(config, chosen_model)
+
+    async def info(request: Request) -> JSONResponse:
+        """What answers: the model's name (the demo page shows it) and the agent's."""
+        return JSONResponse({"model": label, "agent": chosen_agent.name})
+
+    routes: list[BaseRoute] = [
+        WebSocketRoute("/agents/chat/{session}", chat_endpoint),
+        Route("/agents/info", info, methods=["GET"]),
+    ]
     routes += pending_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
@@ -190,12 +244,13 @@ class RunningServer:
 async def running_server(
     config: ServerConfig,
     *,
+    agent: Agent[None, Any] | None = None,
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
-    app = create_app(config, model=model, server_tools=server_tools, clock=clock)
+    app = create_app(config, agent=agent, model=model, server_tools=server_tools, clock=clock)
     server = _EmbeddedServer(uvicorn_config(app, config))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -16,6 +16,11 @@ from typing import Literal, TypeAlias
 from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 
 DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
+# How page tools reach the page: "rpc" delegates each call over the socket inside one
+# response (the default); "round-trip" offers them to the model as tools without an
+# execute, so the response ends at the call and the page's next `send` carries the output.
+ClientToolsMode: TypeAlias = Literal["rpc", "round-trip"]
+CLIENT_TOOLS_MODES: tuple[ClientToolsMode, ...] = ("rpc", "round-trip")
 
 # How long a finished execution stays in the ledger when ``retention`` is not set.
 # In memory (no --db) nothing outlives the process anyway: a minute covers a page
@@ -49,7 +54,15 @@ class ServerConfig:
     max_tool_timeout: float = 300.0
     # S4: what a call whose connection closes does.
     disconnect_policy: DisconnectPolicy = "wait"
+    # Any pydantic-ai model name ("openai:gpt-4o", "test", ...) or "scripted".
     model: str = "scripted"
+    # ``module:attr`` of a user's pydantic-ai Agent to serve (None: a plain agent).
+    agent: str | None = None
+    client_tools: ClientToolsMode = "rpc"
+    # The scripted model's latency per model request: before its first chunk, and
+    # between chunks (0 answers at once; a hosted model is more like 0.5 and 0.02).
+    first_chunk_delay: float = 0.0
+    chunk_delay: float = 0.0
     log_level: str = "info"
     # S8: paused runs expire after this long without progress; checked every expiry_interval
     # (or every ttl / 2, when that is shorter).
@@ -84,6 +97,10 @@ class ServerConfig:
             raise ValueError(
                 "ttl, expiry_interval, ping_interval and idle_timeout must be positive"
             )
+        if self.client_tools not in CLIENT_TOOLS_MODES:
+            raise ValueError(f"unknown client tools mode {self.client_tools!r}")
+        if self.first_chunk_delay < 0 or self.chunk_delay < 0:
+            raise ValueError("first_chunk_delay and chunk_delay must not be negative")
         if self.resume_grace < 0:
             raise ValueError("resume_grace must not be negative")
         if self.retention is not None and self.retention < 0:

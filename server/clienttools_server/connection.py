@@ -306,4 +306,8 @@ class Connection:
     async def _ping(self) -> None:
         while True:
             await sleep(self._clock, self._config.ping_interval)
-            self.send(PingFrame(t=self._clock.now() * 1000))
+            # Only a peer that spoke the tools protocol (C12) knows the ping. A chat-only
+            # client, such as the AI SDK's stock WebSocketChatTransport, treats a frame
+            # without a requestId as invalid and drops its connection.
+            if self._client_id is not None:
+                self.send(PingFrame(t=self._clock.now() * 1000))

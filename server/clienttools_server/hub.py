@@ -1,4 +1,4 @@
-"""Sessions, their connections and runs: what connects the sockets to the runtime.
+"""Sessions, their connections and runs: what connects the sockets to the agent runs.
 
 The hub owns every piece of per-server state (no module globals): the live
 connections of each session and the tools each registered, the active
@@ -6,7 +6,7 @@ response of each chat, the run tasks, the browser-tool proxy and the
 approvals. Connections call it with parsed frames; runs reach tools through a
 :class:`SessionTools` host.
 
-    hub = Hub(config, ledger, ScriptedModel(), default_server_tools(), durable=False)
+    hub = Hub(config, ledger, Agent(), scripted_model(), default_server_tools(), durable=False)
     hub.attach(connection)
     hub.start_run(connection, send_frame)
     await hub.close()
@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import JsonValue
+from pydantic_ai import Agent
+from pydantic_ai.models import Model
+from pydantic_ai.toolsets import FunctionToolset
 
 from clienttools.protocol import (
     MAX_TOOL_SPEC_BYTES,
@@ -46,24 +48,15 @@ from clienttools.protocol import (
 
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
-from .ledger import Ledger, Outcome, Resolution, Step
-from .models import JsonObject, Model, ToolCall, ToolDescription
+from .journal import ToolCall
+from .ledger import Ledger, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
-from .runtime import Run, RunRequest
-from .server_tools import ServerTool
-from .stream import ChunkLog
+from .remembered import RememberedTools
+from .runs import Run, RunRequest
+from .server_tools import ServerTool, ServerToolset
+from .stream import ChunkLog, FinishedResponses
 
 logger = logging.getLogger(__name__)
-
-# S2 remembers the tools each session's pages registered, so a call to one of
-# them waits for a page instead of failing. Bounded, so a stream of session
-# names cannot grow the server without limit: the least recently used session
-# is forgotten first (its calls then fail as unknown_tool, as before).
-MAX_REMEMBERED_SESSIONS = 10_000
-MAX_REMEMBERED_TOOLS = 4 * MAX_TOOLS_PER_CONNECTION
-# Finished responses kept for a resume that names lastSequence; beyond this
-# many, the oldest goes first.
-MAX_FINISHED_RESPONSES = 1_000
 
 
 class Client(Peer, Protocol):
@@ -79,7 +72,9 @@ class Client(Peer, Protocol):
 
 
 @dataclass(slots=True)
-class Session:
+class SessionState:
+    """The server's side of one session: its live connections and streaming responses."""
+
     name: str
     clients: list[Client] = field(default_factory=list)
     # chat id -> the response streaming for it
@@ -99,6 +94,7 @@ class Hub:
         self,
         config: ServerConfig,
         ledger: Ledger,
+        agent: Agent[None, Any],
         model: Model,
         server_tools: Mapping[str, ServerTool],
         *,
@@ -107,10 +103,14 @@ class Hub:
     ) -> None:
         self.config = config
         self.ledger = ledger
+        self.agent = agent
         self.model = model
         self.server_tools = dict(server_tools)
+        self.server_toolset = ServerToolset(self.server_tools)
+        # Names a page tool cannot take: the server's tools and the agent's own.
+        self.reserved_names = frozenset(self.server_tools) | agent_tool_names(agent)
         self.clock = clock
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, SessionState] = {}
         self.runs: dict[str, ActiveRun] = {}
         self.browser = BrowserTools(
             ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
@@ -119,12 +119,8 @@ class Hub:
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
-        # session -> tool name -> the spec a page of the session registered last (S2)
-        self.known_tools: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
-        # (session, chat id) -> a response that ended, and when (clock.now()):
-        # a page that was following it and lost its socket just before the end
-        # still gets the chunks it missed and the end (see resume()).
-        self.finished: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
+        self.remembered = RememberedTools()
+        self.finished = FinishedResponses(config.resume_grace, clock.now)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -166,7 +162,7 @@ class Hub:
 
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
-        self._prune_finished()
+        self.finished.prune()
         pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
@@ -255,13 +251,13 @@ class Hub:
 
     # -- connections ------------------------------------------------------------------
 
-    def _session(self, name: str) -> Session:
+    def _session(self, name: str) -> SessionState:
         session = self.sessions.get(name)
         if session is None:
-            session = self.sessions[name] = Session(name)
+            session = self.sessions[name] = SessionState(name)
         return session
 
-    def _forget_if_idle(self, session: Session) -> None:
+    def _forget_if_idle(self, session: SessionState) -> None:
         if not session.clients and not session.logs:
             self.sessions.pop(session.name, None)
 
@@ -297,38 +293,38 @@ class Hub:
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
         client.set_tools(frame.client_id, accepted, next(self._registrations))
-        self._remember_tools(client.session, accepted)
+        self.remembered.remember(client.session, accepted)
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
         self.browser.on_registered(client)
-
-    def _remember_tools(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
-        """S2: a tool a page of the session registered stays callable after the page left."""
-        known = self.known_tools.pop(session, {})
-        for name, spec in specs.items():
-            known.pop(name, None)  # re-inserted last: the newest registrations survive the cap
-            known[name] = spec
-        while len(known) > MAX_REMEMBERED_TOOLS:
-            del known[next(iter(known))]
-        self.known_tools[session] = known
-        while len(self.known_tools) > MAX_REMEMBERED_SESSIONS:
-            self.known_tools.popitem(last=False)
 
     def tool_spec(self, session: str, name: str) -> ToolSpec | None:
         """S2: the spec of the session's newest live page that offers the tool, else the
         remembered one."""
         peer = self.find_peer(session, name)
         spec = peer.tool_spec(name) if peer is not None else None
-        return spec if spec is not None else self.remembered_tool(session, name)
+        return spec if spec is not None else self.remembered.get(session, name)
 
     def remembered_tool(self, session: str, name: str) -> ToolSpec | None:
         """The spec of a tool some page of the session registered, live or not."""
-        known = self.known_tools.get(session)
-        return None if known is None else known.get(name)
+        return self.remembered.get(session, name)
+
+    def session_specs(self, session_name: str) -> dict[str, ToolSpec]:
+        """S2: every tool the session's pages registered, live or not; a live page's spec wins.
+
+        A call to one whose page is gone waits for the next page that registers it.
+        """
+        specs = self.remembered.of(session_name)
+        session = self.sessions.get(session_name)
+        if session is not None:
+            for client in sorted(session.clients, key=lambda c: c.registration):
+                if client.is_open:
+                    specs.update(client.tools)
+        return specs
 
     def _refusal(self, spec: ToolSpec, accepted: Mapping[str, ToolSpec]) -> str | None:
         if spec.name in accepted:
             return "a tool of this name is already in this registration"
-        if spec.name in self.server_tools:
+        if spec.name in self.reserved_names:
             return "the name is taken by a server tool"
         if len(accepted) >= MAX_TOOLS_PER_CONNECTION:
             return f"at most {MAX_TOOLS_PER_CONNECTION} tools per connection"
@@ -380,8 +376,11 @@ class Hub:
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
-            execution_id, request, self.ledger, self.model, SessionTools(self, session_name),
-            log.append, clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
+            execution_id, request, self.ledger, self.agent, self.model,
+            SessionTools(session_name, self.session_specs, self.browser, self.approvals),
+            self.server_toolset, log.append,
+            clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
+            client_tools=self.config.client_tools,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
@@ -400,21 +399,7 @@ class Hub:
             # the restarted server instead of seeing it end.
             if not self._closing or run.aborted:
                 log.finish()
-                self._keep_finished(session_name, log)
-
-    def _keep_finished(self, session_name: str, log: ChunkLog) -> None:
-        key = (session_name, log.chat_id)
-        self.finished.pop(key, None)
-        self.finished[key] = (log, self.clock.now())
-        self._prune_finished()
-
-    def _prune_finished(self) -> None:
-        cutoff = self.clock.now() - self.config.resume_grace
-        while self.finished:
-            key, (_, ended) = next(iter(self.finished.items()))
-            if ended >= cutoff and len(self.finished) <= MAX_FINISHED_RESPONSES:
-                break
-            del self.finished[key]
+                self.finished.keep(session_name, log)
 
     def resume(self, client: Client, frame: ResumeFrame) -> None:
         """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
@@ -429,9 +414,7 @@ class Hub:
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
         if log is None and frame.last_sequence is not None:
-            self._prune_finished()
-            kept = self.finished.get((client.session, frame.id))
-            log = kept[0] if kept is not None else None
+            log = self.finished.get(client.session, frame.id)
         if log is None:
             client.send(NoActiveFrame(request_id=frame.request_id))
             return
@@ -457,57 +440,37 @@ class Hub:
 
 
 class SessionTools:
-    """The ToolHost of a run: the server tools plus the browser tools of its session."""
+    """What a run of one session reaches: its pages' tools, the browser-call proxy, approvals."""
 
-    def __init__(self, hub: Hub, session: str) -> None:
-        self.hub = hub
+    def __init__(
+        self,
+        session: str,
+        specs: Callable[[str], dict[str, ToolSpec]],
+        browser: BrowserTools,
+        approvals: Approvals,
+    ) -> None:
         self.session = session
+        self._specs = specs
+        self._browser = browser
+        self._approvals = approvals
 
-    def _browser_specs(self) -> dict[str, ToolSpec]:
-        # S2: the model sees every tool the session's pages registered; a call
-        # to one whose page is gone waits for the next page that registers it.
-        # A live page's spec wins over a remembered one.
-        session = self.hub.sessions.get(self.session)
-        specs: dict[str, ToolSpec] = dict(self.hub.known_tools.get(self.session, {}))
-        if session is not None:
-            for client in sorted(session.clients, key=lambda c: c.registration):
-                if client.is_open:
-                    specs.update(client.tools)
-        return specs
-
-    def descriptions(self) -> list[ToolDescription]:
-        found = [tool.describe() for tool in self.hub.server_tools.values()]
-        found += [
-            ToolDescription(spec.name, spec.description, dict(spec.input_schema))
-            for spec in self._browser_specs().values()
-        ]
-        return found
-
-    def _spec(self, name: str) -> ToolSpec | None:
-        peer = self.hub.find_peer(self.session, name)
-        spec = peer.tool_spec(name) if peer is not None else None
-        return spec if spec is not None else self.hub.remembered_tool(self.session, name)
-
-    def resolution_for(self, name: str) -> Resolution | None:
-        if name in self.hub.server_tools:
-            return "server"
-        return "client" if self._spec(name) is not None else None
-
-    def needs_approval(self, name: str) -> bool:
-        tool = self.hub.server_tools.get(name)
-        if tool is not None:
-            return tool.needs_approval
-        spec = self._spec(name)
-        return bool(spec is not None and spec.needs_approval)
-
-    async def run_server_tool(self, name: str, tool_input: JsonObject) -> JsonValue:
-        return await self.hub.server_tools[name].run(tool_input)
+    def specs(self) -> dict[str, ToolSpec]:
+        return self._specs(self.session)
 
     async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
-        return await self.hub.browser.call(self.session, step, call)
+        return await self._browser.call(self.session, step, call)
 
     def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
-        return self.hub.browser.start(self.session, step, call)
+        return self._browser.start(self.session, step, call)
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
-        await self.hub.approvals.wait(self.session, step, call)
+        await self._approvals.wait(self.session, step, call)
+
+
+def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:
+    """The names of the agent's own function tools (those it holds without a run)."""
+    names: set[str] = set()
+    for toolset in agent.toolsets:
+        if isinstance(toolset, FunctionToolset):
+            names.update(toolset.tools)
+    return frozenset(names)

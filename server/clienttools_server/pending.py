@@ -28,9 +28,9 @@ from typing import Literal, TypeAlias, cast, get_args
 from pydantic import JsonValue
 
 from .hub import Hub
+from .journal import approval_name
 from .ledger import Execution, ExecutionStatus, Ledger, Step
 from .proxy import Applied, Settlement
-from .runtime import approval_name
 
 Answered: TypeAlias = Literal["applied", "duplicate", "stale", "invalid", "not_found"]
 Resolution: TypeAlias = Literal["client", "approval"]

@@ -50,8 +50,8 @@ from clienttools.protocol import (
 
 from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
+from .journal import ToolCall
 from .ledger import Ledger, Outcome, OutcomeReason, Step, canonical_json
-from .models import ToolCall
 from .schema import OutputSchemas
 
 logger = logging.getLogger(__name__)

@@ -8,14 +8,21 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import JsonValue
+from pydantic_ai import RunContext
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from pydantic_core import SchemaValidator, core_schema
 
 from .clock import SYSTEM_CLOCK, Clock
-from .models import JsonObject, ToolDescription
-from .runtime import ToolFailure
+from .journal import JsonObject, ToolFailure
+
+# Arguments go to the tool as the model sent them; the tool checks them itself.
+ANY_ARGS = SchemaValidator(schema=core_schema.any_schema())
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +33,37 @@ class ServerTool:
     run: Callable[[JsonObject], Awaitable[JsonValue]]
     needs_approval: bool = False
 
-    def describe(self) -> ToolDescription:
-        return ToolDescription(self.name, self.description, self.input_schema)
+
+class ServerToolset(AbstractToolset[Any]):
+    """The server tools as a pydantic-ai toolset; ``needs_approval`` ones ask for approval."""
+
+    def __init__(self, tools: Mapping[str, ServerTool]) -> None:
+        self.tools = dict(tools)
+
+    @property
+    def id(self) -> str:
+        return "clienttools-server-tools"
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            tool.name: ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(
+                    name=tool.name,
+                    parameters_json_schema=dict(tool.input_schema),
+                    description=tool.description,
+                    kind="unapproved" if tool.needs_approval else "function",
+                ),
+                max_retries=3,
+                args_validator=ANY_ARGS,
+            )
+            for tool in self.tools.values()
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        return await self.tools[name].run(tool_args)
 
 
 def default_server_tools(clock: Clock = SYSTEM_CLOCK) -> dict[str, ServerTool]:

@@ -16,6 +16,7 @@ the same numbering and can skip what it already has.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,3 +86,47 @@ class ChunkLog:
             else:
                 sub.send(ErrorFrame(request_id=sub.request_id, error_text=error_text))
         self._subscribers.clear()
+
+
+# Finished responses kept for a resume that names lastSequence; beyond this
+# many, the oldest goes first.
+MAX_FINISHED_RESPONSES = 1_000
+
+
+class FinishedResponses:
+    """Responses that ended in the last ``grace`` seconds, by (session, chat id) (S7).
+
+    A page that was following one and lost its socket just before the end
+    still gets the chunks it missed and the end.
+    """
+
+    def __init__(
+        self, grace: float, now: Callable[[], float], limit: int = MAX_FINISHED_RESPONSES
+    ) -> None:
+        self.grace = grace
+        self.now = now
+        self.limit = limit
+        # (session, chat id) -> the log and when it ended (``now()``)
+        self._kept: OrderedDict[tuple[str, str], tuple[ChunkLog, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, session: str, log: ChunkLog) -> None:
+        key = (session, log.chat_id)
+        self._kept.pop(key, None)
+        self._kept[key] = (log, self.now())
+        self.prune()
+
+    def get(self, session: str, chat_id: str) -> ChunkLog | None:
+        self.prune()
+        kept = self._kept.get((session, chat_id))
+        return kept[0] if kept is not None else None
+
+    def prune(self) -> None:
+        cutoff = self.now() - self.grace
+        while self._kept:
+            key, (_, ended) = next(iter(self._kept.items()))
+            if ended >= cutoff and len(self._kept) <= self.limit:
+                break
+            del self._kept[key]

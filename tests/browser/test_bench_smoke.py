@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.peer import QUICK
 from bench.report import ROWS
 
 pytestmark = pytest.mark.browser
@@ -25,7 +26,7 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "latest.json").read_text())
@@ -41,3 +42,14 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
             assert isinstance(row["met"], bool), expected.label
     table = (tmp_path / "latest.md").read_text()
     assert "| 1. round trip p50 (µs) | clienttools |" in table
+    # The peer benchmark: both patterns ran their turns; RPC answered each in one request,
+    # the round trip needed a continuation request.
+    peer = results["peer"]["figures"]
+    for pattern in ("rpc", "round-trip"):
+        figures = peer[pattern]["all"]
+        assert figures["turns"] == QUICK.turns, pattern
+        assert math.isfinite(figures["p50_ms"]), pattern
+    assert peer["rpc"]["all"]["answered"] == QUICK.turns
+    assert peer["rpc"]["all"]["requests"] == {"1": QUICK.turns}
+    assert peer["round-trip"]["all"]["requests_per_turn"] > 1
+    assert "| turn time p50 (ms) | all |" in table

@@ -14,15 +14,20 @@ import json
 import secrets
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic_ai.models import StreamedResponse
+from pydantic_ai.models.wrapper import WrapperModel
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from clienttools.protocol import parse_server_frame
+from clienttools_server.history import digest, history_from_ui
+from clienttools_server.ledger import canonical_json
+from clienttools_server.scripted import scripted_model
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"
@@ -321,3 +326,42 @@ async def settled(hub: Any, timeout: float = 2.0) -> None:
                 await asyncio.sleep(0.01)
     stats = hub.stats()
     assert all(v == 0 for k, v in stats.items() if k != "sessions"), stats
+
+
+class CountingModel(WrapperModel):
+    """The scripted model, counting how often it is asked (replay must not ask)."""
+
+    def __init__(self) -> None:
+        super().__init__(scripted_model())
+        self.calls = 0
+
+    @contextlib.asynccontextmanager
+    async def request_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[StreamedResponse]:
+        self.calls += 1
+        async with super().request_stream(*args, **kwargs) as response:
+            yield response
+
+
+class GatedModel(WrapperModel):
+    """The scripted model, held at its first step until released."""
+
+    def __init__(self) -> None:
+        super().__init__(scripted_model())
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def request_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[StreamedResponse]:
+        self.entered.set()
+        await self.release.wait()
+        async with super().request_stream(*args, **kwargs) as response:
+            yield response
+
+
+def user_message(text: str) -> dict[str, Any]:
+    return {"id": "u", "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def first_step_input(text: str) -> str:
+    """The recorded input of the first model step of a chat that starts with ``text``."""
+    return canonical_json({"step": 0, "messages": digest(history_from_ui([user_message(text)]))})

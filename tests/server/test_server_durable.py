@@ -3,42 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
+from server_harness import (
+    ChunkCollector,
+    CountingModel,
+    FakeBrowser,
+    first_step_input,
+    settled,
+    tool_spec,
+)
 
 from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
 from clienttools_server.ledger import SqliteLedger, canonical_json
-from clienttools_server.models import (
-    Message,
-    ModelEvent,
-    ScriptedModel,
-    ToolDescription,
-    UserMessage,
-)
-from clienttools_server.runtime import RunRequest, _digest
+from clienttools_server.runs import RunRequest
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
-
-
-class CountingModel:
-    """The scripted model, counting how often it is asked (replay must not ask)."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._inner = ScriptedModel()
-
-    async def stream(
-        self, messages: Sequence[Message], tools: Sequence[ToolDescription]
-    ) -> AsyncIterator[ModelEvent]:
-        self.calls += 1
-        async for event in self._inner.stream(messages, tools):
-            yield event
 
 
 def _config(db: Path, **overrides: Any) -> ServerConfig:
@@ -121,8 +103,7 @@ async def test_divergence_fails_the_run_naming_the_step(tmp_path: Path) -> None:
     request = RunRequest("chat-x", [_user('call t {"a": 1}')])
     with SqliteLedger(db) as ledger:
         run = ledger.start_execution("s1", request.to_json(), now=time.time())
-        messages: list[Message] = [UserMessage('call t {"a": 1}')]
-        step_input = canonical_json({"step": 0, "messages": _digest(messages)})
+        step_input = first_step_input('call t {"a": 1}')
         ledger.record_step(run.id, 0, "model", "scripted", step_input, "server", now=time.time())
         call = {"toolCallId": "c1", "toolName": "t", "input": {"a": 1}}
         ledger.resolve(run.id, 0, canonical_json({"events": [{"toolCall": call}]}), now=time.time())
@@ -234,10 +215,10 @@ async def test_finished_executions_are_pruned_after_the_retention(
         # The waiting run is not finished: it stays, however old.
         [waiting] = ledger.executions()
         assert waiting.status == "running" and len(ledger.pending_steps()) == 1
-        assert hub.finished  # a late resume still reaches the ended response, for resume_grace
+        assert len(hub.finished)  # a late resume still reaches the ended response, for resume_grace
         await tab.send_result(invoke["requestId"], output=1)
         await tab.response(request_id)
         clock.advance(301)  # the expiry loop (every 30 s here) prunes both by itself
-        await wait_until(lambda: not ledger.executions() and not hub.finished, 5, "the prune")
+        await wait_until(lambda: not ledger.executions() and not len(hub.finished), 5, "the prune")
         await tab.close()
         await settled(hub)

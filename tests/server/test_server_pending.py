@@ -9,23 +9,22 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
+from server_harness import (
+    ChunkCollector,
+    FakeBrowser,
+    GatedModel,
+    first_step_input,
+    settled,
+    tool_spec,
+)
 
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
 from clienttools_server.ledger import SqliteLedger, canonical_json
-from clienttools_server.models import (
-    Message,
-    ModelEvent,
-    ScriptedModel,
-    ToolDescription,
-    UserMessage,
-)
-from clienttools_server.runtime import RunRequest, _digest
+from clienttools_server.runs import RunRequest
 from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,25 +221,6 @@ async def test_stale_resolve_after_expiry_and_after_a_timeout(
         await settled(server.hub)
 
 
-class GatedModel:
-    """The scripted model, held at its first step until released."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-        self._inner = ScriptedModel()
-
-    async def stream(
-        self, messages: Sequence[Message], tools: Sequence[ToolDescription]
-    ) -> AsyncIterator[ModelEvent]:
-        self.entered.set()
-        await self.release.wait()
-        async for event in self._inner.stream(messages, tools):
-            yield event
-
-
 async def test_resolve_refuses_steps_the_server_settles_itself(
     start_server: Any, open_browser: Any
 ) -> None:
@@ -274,7 +254,7 @@ async def test_divergent_tool_name_stops_the_run_before_any_invoke(
     ]}])  # fmt: skip
     with SqliteLedger(db) as ledger:
         run = ledger.start_execution("s1", request.to_json(), now=time.time())
-        step_input = canonical_json({"step": 0, "messages": _digest([UserMessage(text)])})
+        step_input = first_step_input(text)
         ledger.record_step(run.id, 0, "model", "scripted", step_input, "server", now=time.time())
         call = {"toolCallId": "c1", "toolName": "t", "input": {"a": 1}}
         ledger.resolve(run.id, 0, canonical_json({"events": [{"toolCall": call}]}), time.time())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from clienttools_server.app import open_ledger
-from clienttools_server.runtime import RunRequest
+from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, Page, prompt_for
 from tests.server.server_harness import Response
 from tests.support.faultproxy import FaultProxy

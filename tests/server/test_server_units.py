@@ -11,23 +11,21 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.app import StaticDirs
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
-from clienttools_server.models import (
-    AssistantMessage,
-    ScriptedModel,
-    TextDelta,
-    ToolCall,
-    ToolDescription,
-    ToolResult,
-    UserMessage,
-    parse_call_line,
-    words,
-)
 from clienttools_server.proxy import (
     CALL_TRANSITIONS,
     LATE_RESULT,
@@ -36,6 +34,7 @@ from clienttools_server.proxy import (
     next_call_state,
 )
 from clienttools_server.schema import OutputSchemas
+from clienttools_server.scripted import parse_call_line, scripted_model, words
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 
@@ -61,17 +60,18 @@ def test_call_lines(line: str, parsed: Any) -> None:
 
 
 async def test_scripted_model_answers_one_line_per_call() -> None:
-    calls = (ToolCall("c1", "a", {}), ToolCall("c2", "b", {}))
-    history = [
-        UserMessage("call a {}\ncall b {}"),
-        AssistantMessage("", calls),
-        ToolResult("c2", "b", error={"code": "timeout", "message": "too slow"}),
-        ToolResult("c1", "a", output={"k": [1, 2]}),
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("call a {}\ncall b {}")]),
+        ModelResponse(parts=[ToolCallPart("a", {}, "c1"), ToolCallPart("b", {}, "c2")]),
+        ModelRequest(
+            parts=[
+                ToolReturnPart("b", "timeout: too slow", "c2", outcome="failed"),
+                ToolReturnPart("a", {"k": [1, 2]}, "c1"),
+            ]
+        ),
     ]
-    tools = [ToolDescription("a", "", {}), ToolDescription("b", "", {})]
-    events = [e async for e in ScriptedModel().stream(history, tools)]
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    assert text == 'a -> {"k":[1,2]}\nb failed: timeout: too slow'
+    result = await Agent(scripted_model()).run(message_history=history)
+    assert result.output == 'a -> {"k":[1,2]}\nb failed: timeout: too slow'
 
 
 @pytest.mark.parametrize(
@@ -200,9 +200,26 @@ async def _http_response(port: int, path: str, method: str = "GET") -> tuple[int
 async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     server = await start_server(ping_interval=0.05)
     tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await tab.register([])
     ping = await tab.expect("cf_agent_ping")
     await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
     await tab.close()
+
+
+async def test_no_pings_to_a_chat_only_client(start_server: Any, chunk_collector: Any) -> None:
+    """The AI SDK's stock transport drops its socket on a frame without a requestId."""
+    server = await start_server(ping_interval=0.05)
+    chat_only = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
+    response = await chat_only.chat("hello")
+    assert response.final["type"] == "end"
+    for _ in range(3):  # three ping intervals for the page
+        await page.expect("cf_agent_ping")
+        page.inbox.clear()
+    await chat_only.nothing("cf_agent_ping", wait=0.0)
+    await chat_only.close()
+    await page.close()
 
 
 async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
@@ -211,16 +228,20 @@ async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
     clock = ManualClock()
     server = await start_server(clock=clock)  # pings every 15 s, idle peers closed after 30 s
     start = clock.now()
+    # Pings go to a page that registered tools; the idle peer only has its idle timer.
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
     idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
-    # Its ping loop and idle timer are both waiting on the clock, not on real time.
+    # The ping loops and the idle timer are all waiting on the clock, not on real time.
     await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
     clock.advance(15)
-    ping = await idle.expect("cf_agent_ping")
+    ping = await page.expect("cf_agent_ping")
     assert ping["t"] == (start + 15) * 1000
     assert idle.close_code is None
     clock.advance(15)
     assert await idle.expect_closed() == 1008
     await idle.close()
+    await page.close()
 
 
 async def test_wrong_path_is_not_a_chat(server: Any) -> None:

@@ -39,6 +39,8 @@ Actions:
 - `delay(s)`: this unit reaches the peer `s` seconds later. The proxy keeps
   reading, but later units of that direction queue behind it (one TCP stream
   cannot reorder).
+- `jitter(s)`: like `delay`, by a random 0..`s` seconds drawn per unit (uniform), so a
+  rule with `times=None` gives every frame its own latency; order is kept as for `delay`.
 - `drop()`: the unit is swallowed.
 - `cut()`: the connection is aborted (TCP RST towards both sides) before the
   unit is forwarded; units queued earlier in that direction are still delivered.
@@ -64,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import struct
 import threading
@@ -104,12 +107,16 @@ ALL_KINDS: frozenset[str] = frozenset({"text", "binary", "close", "ping", "pong"
 class Action:
     """What a rule does to the unit it matched. Build with delay(), drop(), cut(), ..."""
 
-    kind: Literal["delay", "drop", "cut", "cut_after", "stall"]
+    kind: Literal["delay", "jitter", "drop", "cut", "cut_after", "stall"]
     seconds: float = 0.0
 
 
 def delay(seconds: float) -> Action:
     return Action("delay", seconds)
+
+
+def jitter(seconds: float) -> Action:
+    return Action("jitter", seconds)
 
 
 def drop() -> Action:
@@ -586,6 +593,8 @@ class FaultProxy:
         self.actions.append(ActionEntry(action.kind, direction, ftype, rid))
         if action.kind == "delay":
             out.put_nowait(_Out(loop.time() + action.seconds, raw))
+        elif action.kind == "jitter":
+            out.put_nowait(_Out(loop.time() + random.uniform(0.0, action.seconds), raw))
         elif action.kind == "drop":
             pass
         elif action.kind == "cut":

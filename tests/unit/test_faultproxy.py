@@ -32,6 +32,7 @@ from tests.support.faultproxy import (
     drop,
     fields,
     frame_type,
+    jitter,
     stall,
 )
 
@@ -148,6 +149,26 @@ async def test_delay_holds_the_frame_and_keeps_order(proxy: FaultProxy) -> None:
         assert time.monotonic() - start < 0.3
     assert rule.hits == 1
     assert [(a.action, a.request_id) for a in proxy.actions] == [("delay", "r1")]
+
+
+async def test_jitter_delays_each_frame_by_its_own_amount_in_order(proxy: FaultProxy) -> None:
+    proxy.add_rule(Rule("up", any_frame, jitter(0.2), times=None))
+    async with client(proxy) as ws:
+        # All at once: each gets its own delay, and none overtakes another.
+        for i in range(10):
+            await ws.send(msg("burst", f"b{i}"))
+        assert [json.loads(await recv(ws))["requestId"] for _ in range(10)] == [
+            f"b{i}" for i in range(10)
+        ]
+        # One at a time: the delays differ (all ten under 50 ms has odds of about 1e-6).
+        waits = []
+        for i in range(10):
+            start = time.monotonic()
+            await ws.send(msg("single", f"s{i}"))
+            await recv(ws)
+            waits.append(time.monotonic() - start)
+        assert max(waits) >= 0.05
+    assert [a.action for a in proxy.actions] == ["jitter"] * 20
 
 
 async def test_drop_swallows_exactly_the_budget(proxy: FaultProxy, echo: Echo) -> None:

@@ -1,0 +1,222 @@
+"""Runs: one chat request is one pydantic-ai agent run, streamed as one response (S6, S8).
+
+The run's agent gets the session's page tools (:mod:`.page_tools`) next to its
+own tools and the server tools; its model and its server-side tools are
+journaled in the ledger (:mod:`.journal`), so ``execute`` is safe to call
+again after a restart: recorded steps are replayed, the rest runs. The chunks
+the page receives come from the run's events (:mod:`.chunks`). This module
+knows nothing of WebSockets: chunks leave through ``emit``.
+
+    run = Run(execution.id, request, ledger, agent, model, pages, server_tools, emit=log.append)
+    await run.execute()   # emits start ... finish; marks the execution completed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import JsonValue
+from pydantic_ai import Agent, DeferredToolRequests
+from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded, UserError
+from pydantic_ai.models import Model
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets.combined import CombinedToolset
+from pydantic_ai.usage import UsageLimits
+from pydantic_core import to_jsonable_python
+
+from clienttools.protocol import ToolSpec
+
+from .chunks import ChunkWriter
+from .config import ClientToolsMode
+from .history import history_from_ui
+from .journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
+from .ledger import Divergence, InvalidTransition, Ledger, UnknownExecution, canonical_json
+from .page_tools import PageToolset
+
+logger = logging.getLogger(__name__)
+
+
+class SessionPages(PageCalls, Protocol):
+    """What a run needs of its session: the page tools it may call and how to call them."""
+
+    def specs(self) -> Mapping[str, ToolSpec]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """What started a run, stored with the execution so it can be re-run after a restart."""
+
+    chat_id: str
+    messages: list[JsonValue]
+
+    def to_json(self) -> str:
+        return canonical_json({"chatId": self.chat_id, "messages": self.messages})
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRequest:
+        raw = json.loads(text)
+        return cls(chat_id=str(raw["chatId"]), messages=list(raw["messages"]))
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The first Divergence or RunFailed inside an exception group, else the group."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _cause(inner)
+            if isinstance(found, Divergence | RunFailed):
+                return found
+    return exc
+
+
+class Run:
+    """One execution of the agent; ``execute`` is safe to call again after a restart."""
+
+    def __init__(
+        self,
+        execution_id: str,
+        request: RunRequest,
+        ledger: Ledger,
+        agent: Agent[None, Any],
+        model: Model,
+        pages: SessionPages,
+        server_tools: AbstractToolset[Any],
+        emit: Emit,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_steps: int = 16,
+        fresh: bool = False,
+        client_tools: ClientToolsMode = "rpc",
+    ) -> None:
+        self.execution_id = execution_id
+        self.request = request
+        self.ledger = ledger
+        self.agent = agent
+        self.model = model
+        self.pages = pages
+        self.server_tools = server_tools
+        self.emit = emit
+        self.clock = clock
+        self.max_steps = max_steps
+        # The execution was just started, so it has no steps to replay yet.
+        self.fresh = fresh
+        self.client_tools = client_tools
+        # Set by whoever cancels the task for an abort; a cancel without it is a
+        # shutdown, which leaves the execution resumable.
+        self.aborted = False
+        self.journal: RunJournal | None = None
+
+    @property
+    def answering(self) -> int | None:
+        """The seq of the model step being streamed: it has no record until the answer is in."""
+        return self.journal.answering if self.journal is not None else None
+
+    async def execute(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if self.aborted:
+                self.emit({"type": "abort", "reason": "aborted by the client"})
+                self._finish_status("error", "aborted")
+            raise
+        except BaseException as raised:
+            exc = _cause(raised)
+            if isinstance(exc, Divergence):
+                logger.warning("%s", exc)
+                self._fail(
+                    f"the run diverged from its record at step {exc.seq} "
+                    f"(recorded {exc.recorded.name!r}, asked {exc.name!r}) and was stopped"
+                )
+            elif isinstance(exc, RunFailed):
+                self._fail(str(exc))
+            elif isinstance(exc, UnexpectedModelBehavior):
+                logger.warning("run %s: %s", self.execution_id, exc)
+                self._fail(f"the model failed: {exc.message}")
+            elif isinstance(exc, Exception):
+                logger.exception("run %s failed", self.execution_id)
+                self._fail("the server failed to complete this response")
+            else:
+                raise
+
+    def _fail(self, message: str) -> None:
+        self.emit({"type": "error", "errorText": message})
+        self._finish_status("error", message)
+
+    def _finish_status(self, status: Literal["completed", "error"], error: str | None) -> None:
+        # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
+        with contextlib.suppress(InvalidTransition, UnknownExecution):
+            self.ledger.set_status(self.execution_id, status, self.clock(), error)
+
+    def _finish(self, reason: str) -> None:
+        self.emit({"type": "finish", "finishReason": reason})
+        self._finish_status("completed", None)
+
+    def _message_id(self) -> str:
+        """The id of the assistant message this response builds.
+
+        A request whose last message is the assistant's (a round-trip
+        continuation carrying tool outputs) continues that message, as the AI
+        SDK's own servers do; otherwise the message is new.
+        """
+        last = self.request.messages[-1] if self.request.messages else None
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            message_id = last.get("id")
+            if isinstance(message_id, str) and message_id:
+                return message_id
+        return f"msg-{self.execution_id}"
+
+    async def _run(self) -> None:
+        journal = self.journal = RunJournal(
+            self.execution_id, self.ledger, self.pages, self.emit, self.clock, fresh=self.fresh
+        )
+        writer = ChunkWriter(self.emit, journal)
+        self.emit({"type": "start", "messageId": self._message_id()})
+        round_trip = self.client_tools == "round-trip"
+        own = JournaledToolset(CombinedToolset([*self.agent.toolsets, self.server_tools]), journal)
+        page = PageToolset(self.pages, journal, deferred=round_trip)
+        output_type: Any = [str, DeferredToolRequests] if round_trip else None
+        try:
+            with self.agent.override(tools=[], toolsets=[own, page]):
+                async with self.agent.iter(
+                    message_history=history_from_ui(self.request.messages),
+                    model=JournaledModel(self.model, journal),
+                    output_type=output_type,
+                    usage_limits=UsageLimits(request_limit=self.max_steps),
+                ) as run:
+                    async for node in run:
+                        if Agent.is_model_request_node(node):
+                            async with node.stream(run.ctx) as stream:
+                                self.emit({"type": "start-step"})
+                                async for event in stream:
+                                    writer.model_event(event)
+                        elif Agent.is_call_tools_node(node):
+                            async with node.stream(run.ctx) as tool_stream:
+                                async for event in tool_stream:
+                                    writer.tool_event(event)
+                            journal.release_uncalled()
+                            self.emit({"type": "finish-step"})
+                            journal.check_alive()
+            result = run.result
+        except UsageLimitExceeded:
+            self._finish("length")
+            return
+        except UserError as exc:
+            raise RunFailed(f"the agent could not run: {exc}") from exc
+        finally:
+            journal.abandon_started()
+        output = result.output if result is not None else None
+        if output is not None and not isinstance(output, str | DeferredToolRequests):
+            # A structured output: the page shows it as text (JSON).
+            text = json.dumps(to_jsonable_python(output), ensure_ascii=False)
+            self.emit({"type": "start-step"})
+            self.emit({"type": "text-start", "id": "output"})
+            self.emit({"type": "text-delta", "id": "output", "delta": text})
+            self.emit({"type": "text-end", "id": "output"})
+            self.emit({"type": "finish-step"})
+        self._finish("tool-calls" if isinstance(output, DeferredToolRequests) else "stop")

@@ -1,0 +1,226 @@
+"""The agent loop in-process: a user's agent tools, approvals inside the stream, round trips."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
+from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
+
+from clienttools_server.__main__ import config_from_args
+from clienttools_server.app import RunningServer, running_server
+from clienttools_server.config import ServerConfig
+from clienttools_server.scripted import scripted_model
+from tests.support.wait import wait_until
+
+
+def _agent() -> Agent[None, Any]:
+    agent: Agent[None, Any] = Agent(name="bank", instructions="Move money only when asked.")
+
+    @agent.tool_plain(requires_approval=True)
+    def transfer(amount: int) -> str:
+        """Send money (a human approves each transfer)."""
+        return f"sent {amount}"
+
+    @agent.tool_plain
+    def balance() -> int:
+        """What is in the account."""
+        return 100
+
+    return agent
+
+
+@pytest.fixture
+async def bank() -> AsyncIterator[RunningServer]:
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(config, agent=_agent()) as server:
+        yield server
+
+
+@pytest.fixture
+async def page(bank: RunningServer, chunk_collector: ChunkCollector) -> AsyncIterator[FakeBrowser]:
+    browser = await FakeBrowser.connect(bank.ws_url("b1"), chunk_collector)
+    yield browser
+    await browser.close()
+    assert not browser.violations, browser.violations
+
+
+async def test_info_says_which_model_and_agent_answer(bank: RunningServer) -> None:
+    def get() -> Any:
+        with urllib.request.urlopen(f"{bank.http_url}/agents/info", timeout=5) as response:
+            return json.load(response)
+
+    assert await asyncio.to_thread(get) == {"model": "scripted", "agent": "bank"}
+
+
+async def test_agent_tools_run_beside_page_tools(bank: RunningServer, page: FakeBrowser) -> None:
+    async def title(tool_input: dict[str, Any]) -> Any:
+        return "Bank"
+
+    await page.register([tool_spec("title")], handlers={"title": title})
+    response = await page.chat("call balance {}\ncall title {}")
+    assert response.text == 'balance -> 100\ntitle -> "Bank"'
+    await settled(bank.hub)
+
+
+async def test_a_page_tool_cannot_take_an_agent_tools_name(page: FakeBrowser) -> None:
+    ack = await page.register([tool_spec("balance")])
+    assert ack["rejected"] == [{"name": "balance", "reason": "the name is taken by a server tool"}]
+
+
+async def test_requires_approval_pauses_inside_the_response(
+    bank: RunningServer, page: FakeBrowser
+) -> None:
+    await page.register([])
+    request_id = await page.start_chat('call transfer {"amount": 5}')
+    request = await page.chunk(request_id, "tool-approval-request")
+    await page.send(
+        {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"], "approved": True}
+    )
+    response = await page.response(request_id)
+    assert response.text == 'transfer -> "sent 5"'
+    kinds = response.types
+    assert kinds.index("tool-approval-request") < kinds.index("tool-output-available")
+    assert response.final["type"] == "end" and response.types.count("finish") == 1
+    await settled(bank.hub)
+
+
+async def test_requires_approval_denied(bank: RunningServer, page: FakeBrowser) -> None:
+    await page.register([])
+    request_id = await page.start_chat('call transfer {"amount": 500}')
+    call_id = (await page.chunk(request_id, "tool-approval-request"))["toolCallId"]
+    await page.send(
+        {"type": "cf_agent_tool_approval", "toolCallId": call_id, "approved": False, "reason": "no"}
+    )
+    response = await page.response(request_id)
+    assert response.of_type("tool-output-denied") == [
+        {"type": "tool-output-denied", "toolCallId": call_id}
+    ]
+    assert response.text == "transfer failed: denied: no"
+    await settled(bank.hub)
+
+
+async def test_requires_approval_settled_from_outside(
+    bank: RunningServer, page: FakeBrowser
+) -> None:
+    await page.register([])
+    request_id = await page.start_chat('call transfer {"amount": 7}')
+    await page.chunk(request_id, "tool-approval-request")
+    ledger = bank.app.state.ledger
+    await wait_until(lambda: bool(ledger.pending_steps(session="b1", resolution="approval")))
+    [step] = ledger.pending_steps(session="b1", resolution="approval")
+    assert step.name == "approval:transfer"
+    outcome = bank.hub.resolve(step.execution_id, step.seq, {"approved": True})
+    assert outcome.ok, outcome.message
+    assert (await page.response(request_id)).text == 'transfer -> "sent 7"'
+    await settled(bank.hub)
+
+
+async def test_round_trip_ends_the_response_and_continues_from_the_next_send(
+    start_server: Any, open_browser: Any
+) -> None:
+    server = await start_server(client_tools="round-trip")
+    tab = await open_browser(server)
+    await tab.register([tool_spec("echo")])
+    first = await tab.chat('call echo {"x": 1}')
+    assert first.types[-3:] == ["tool-input-available", "finish-step", "finish"]
+    assert first.chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
+    assert first.final["type"] == "end"
+    assert tab.invokes == []
+    [call] = first.of_type("tool-input-available")
+    request_id = "req-continue"
+    await tab.send(
+        {
+            "type": "send",
+            "requestId": request_id,
+            "id": "chat-1",
+            "trigger": "submit-message",
+            "messages": [
+                {
+                    "id": "u1",
+                    "role": "user",
+                    "parts": [{"type": "text", "text": 'call echo {"x": 1}'}],
+                },
+                {
+                    "id": "a1",
+                    "role": "assistant",
+                    "parts": [
+                        {"type": "step-start"},
+                        {
+                            "type": "tool-echo",
+                            "toolCallId": call["toolCallId"],
+                            "state": "output-available",
+                            "input": {"x": 1},
+                            "output": {"x": 1},
+                        },
+                    ],
+                },
+            ],
+            "headers": {},
+            "body": {},
+        }
+    )
+    await tab.expect("start", requestId=request_id)
+    second = await tab.response(request_id)
+    assert second.text == 'echo -> {"x":1}'
+    assert second.chunks[-1] == {"type": "finish", "finishReason": "stop"}
+    await settled(server.hub)
+
+
+async def test_structured_output_is_the_answer_and_no_tool_step(
+    chunk_collector: ChunkCollector,
+) -> None:
+    class Answer(BaseModel):
+        city: str
+
+    agent: Agent[None, Any] = Agent(name="typed", output_type=Answer)
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(config, agent=agent, model=TestModel()) as server:
+        page = await FakeBrowser.connect(server.ws_url("o1"), chunk_collector)
+        await page.register([])
+        response = await page.chat("where?")
+        await page.close()
+        assert json.loads(response.text) == {"city": "a"}
+        # TestModel calls every tool (server_time here), then the output tool: not shown.
+        shown = {c["toolName"] for c in response.of_type("tool-input-available")}
+        assert shown == {"server_time"}
+        await settled(server.hub)
+        [execution] = server.app.state.ledger.executions()
+        steps = server.app.state.ledger.steps(execution.id)
+        assert [(s.kind, s.name) for s in steps] == [
+            ("model", "test"),
+            ("tool", "server_time"),
+            ("model", "test"),
+        ]
+
+
+def test_loop_flags_reach_the_config() -> None:
+    config = config_from_args(
+        ["--client-tools", "round-trip", "--first-chunk-delay", "0.5", "--chunk-delay", "0.1",
+         "--agent", "examples.agent:agent", "--model", "test"]
+    )  # fmt: skip
+    assert (config.client_tools, config.first_chunk_delay, config.chunk_delay) == (
+        "round-trip", 0.5, 0.1,
+    )  # fmt: skip
+    assert (config.agent, config.model) == ("examples.agent:agent", "test")
+    assert config_from_args([]).client_tools == "rpc"
+    with pytest.raises(SystemExit):
+        config_from_args(["--chunk-delay", "-1"])
+
+
+async def test_the_scripted_model_waits_its_delays() -> None:
+    clock = asyncio.get_running_loop().time
+    agent: Agent[None, Any] = Agent(scripted_model(first_chunk_delay=0.2, chunk_delay=0.05))
+    started = clock()
+    async with agent.run_stream("hello") as result:
+        deltas = [d async for d in result.stream_text(delta=True)]
+    # "I have no tools to call right now.": 8 words, so at least 0.2 + 7 x 0.05 s.
+    assert len("".join(deltas).split()) == 8
+    assert clock() - started >= 0.2 + 7 * 0.05
