@@ -126,6 +126,7 @@ class _Response:
 
 
 DEFAULT_ERROR: Final = "The chat server returned an error."
+_IN_PROGRESS: Final = "a response is in progress; stop it or wait for it first"
 
 
 class ChatState:
@@ -223,7 +224,7 @@ class ChatState:
     ) -> protocol.SendFrame:
         """Append the user's message and return the ``send`` frame for it."""
         if self._response is not None:
-            raise LocalProtocolError("a response is in progress; stop it or wait for it first")
+            raise LocalProtocolError(_IN_PROGRESS)
         if isinstance(user_message, str):
             user_message = UIMessage(
                 id=self._id_factory(), role="user", parts=[TextPart(text=user_message)]
@@ -275,6 +276,18 @@ class ChatState:
             return None
         self._finish("ready")
         return protocol.AbortFrame(request_id=response.request_id)
+
+    def clear(self) -> None:
+        """Forget every message: the next ``begin_request`` starts a fresh conversation.
+
+        The chat id, ``status`` and ``error`` stay as they are (the server reads
+        the history from each ``send`` frame, so nothing needs telling). Not while
+        a response is in flight: ``abort()`` it or wait for it first.
+        """
+        if self._response is not None:
+            raise LocalProtocolError(_IN_PROGRESS)
+        self._messages.clear()
+        self._last_message = None
 
     def fail(self, error_text: str) -> bool:
         """The I/O layer could not send the request: end it with an error."""

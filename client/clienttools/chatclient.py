@@ -152,6 +152,14 @@ class Chat:
         except Exception:  # the socket is down: the server drops it on close anyway
             logger.warning("chat: could not send abort", exc_info=True)
 
+    def clear(self) -> None:
+        """Start a fresh conversation: forget every message (``ChatState.clear``).
+
+        Raises ``LocalProtocolError`` while a response is in flight; ``stop()`` it first.
+        """
+        self._state.clear()
+        self._changed()
+
     async def respond(self, tool_call_id: str, approved: bool, reason: str | None = None) -> None:
         """Answer a tool approval request."""
         frame = self._state.respond_approval(tool_call_id, approved, reason)

@@ -60,7 +60,7 @@ from clienttools import protocol
 from clienttools.connection import Connection
 from clienttools.observers import Observers
 from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
-from clienttools.rules import LocalProtocolError
+from clienttools.rules import CLOSE_CODE_SILENT, LocalProtocolError
 from clienttools.session import (
     DEFAULT_PING_INTERVAL,
     CancelTool,
@@ -96,8 +96,6 @@ StatusCallback: TypeAlias = Callable[[ConnectionStatus], None]
 
 #: How long close() waits for cancelled tools and closing sockets before giving up on them.
 CLOSE_GRACE_SECONDS = 2.0
-#: Close code for a connection dropped because nothing arrived on it (C12).
-CLOSE_CODE_SILENT = 4000
 __all__ = [
     "CLIENT_TRANSITIONS",
     "OUTBOX_SAVE_DELAY",

@@ -42,14 +42,14 @@ _TYPE_ERRORS = {
 }
 
 
-def _is_number(value: object) -> bool:
-    # bool is an int on CPython (not on MicroPython); JSON Schema keeps them apart.
+def is_number(value: object) -> bool:
+    """A JSON number: an int or float, never a bool (an int on CPython, not on MicroPython)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _number(schema: "dict[str, Any]", keyword: str) -> "float | None":
     value = schema.get(keyword)
-    return value if _is_number(value) else None
+    return value if is_number(value) else None
 
 
 def _has_type(value: object, name: str) -> bool:
@@ -58,9 +58,9 @@ def _has_type(value: object, name: str) -> bool:
     if name == "integer":
         if isinstance(value, float):
             return math.isfinite(value) and value == int(value)
-        return _is_number(value)
+        return is_number(value)
     if name == "number":
-        return _is_number(value)
+        return is_number(value)
     if name == "boolean":
         return isinstance(value, bool)
     if name == "array":

@@ -61,10 +61,11 @@ import json
 from collections import OrderedDict
 
 from clienttools.context import ToolContext, ToolError, json_problem
-from clienttools.input_schema import compile_schema
+from clienttools.input_schema import compile_schema, is_number
 from clienttools.rules import (
     ACK_OUTCOMES,
     CANCEL_REASONS,
+    CLOSE_CODE_SILENT,
     COMPLETED_CACHE_SIZE,
     DEFAULT_PING_INTERVAL,
     LIVENESS_FACTOR,
@@ -79,6 +80,7 @@ from clienttools.rules import (
     CallState,
     backoff,
     cut_message,
+    drop_missing_inputs,
     effective_timeout,
     invalid_input_message,
     is_tool_name,
@@ -108,7 +110,6 @@ __all__ = [
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 #: Chat frames (C14) have no client here; they are dropped without a warning.
 _CHAT_TYPES = ("start", "chunk", "end", "error", "no-active")
-_CLOSE_CODE_SILENT = 4000
 _OPEN = 1
 
 
@@ -132,10 +133,6 @@ def _utf8_size(text: str) -> int:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -164,7 +161,7 @@ class Tool:
             raise TypeError(f'the schema of tool {name!r} must be a dict with "type": "object"')
         if output_schema is not None and not isinstance(output_schema, dict):
             raise TypeError(f"the output_schema of tool {name!r} must be a dict")
-        if timeout is not None and not (_is_number(timeout) and timeout > 0):
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise ValueError(f"the timeout of tool {name!r} must be a positive number")
         problem = json_problem(schema) or json_problem(output_schema)
         if problem is not None:
@@ -267,7 +264,6 @@ class _Call:
     __slots__ = (
         "attempt",
         "deadline",
-        "last_progress",
         "request_id",
         "state",
         "tool_call_id",
@@ -280,7 +276,6 @@ class _Call:
         self.attempt = attempt
         self.state = CallState.RECEIVED
         self.deadline: float | None = None
-        self.last_progress: float | None = None
         self.tool_name = ""
 
     def step(self, event: "CallEvent") -> "CallState":
@@ -519,9 +514,7 @@ class Session:
             return
         errors = tool.check_input(arguments)
         if errors:
-            for error in errors:
-                if error.get("type") == "missing":
-                    error.pop("input", None)
+            drop_missing_inputs(errors)
             message = invalid_input_message(tool_name, errors)
             self._finish(
                 call, CallEvent.REJECT, _error_result(request_id, "invalid_input", message, errors)
@@ -557,7 +550,7 @@ class Session:
                 self._outbox_overflowing = False
 
     def _receive_ping(self, raw: "dict[str, Any]", now: float) -> None:
-        t = _field(raw, "t", _is_number, "a valid number")
+        t = _field(raw, "t", is_number, "a valid number")
         if self.connected:
             self._to_send.append(_dumps({"type": "cf_agent_pong", "t": float(t)}))
 
@@ -650,10 +643,9 @@ class Session:
             return
         output = _dumps(value)
         size = len(output)  # characters: a lower bound of the UTF-8 size
-        if size <= self.max_result_bytes and size * 4 > self.max_result_bytes:
+        if size * 4 > self.max_result_bytes:  # else even 4 bytes a character fit
             size = _utf8_size(output)
         if size > self.max_result_bytes:
-            size = _utf8_size(output)
             message = too_large_message(size, self.max_result_bytes)
             result = _error_result(request_id, "output_too_large", message, {"size": size})
             self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
@@ -699,7 +691,6 @@ class Session:
         call = self._calls.get(request_id)
         if call is None or call.state is not CallState.RUNNING:
             return
-        call.last_progress = progress
         if self.connected:
             frame: dict[str, Any] = {
                 "type": "cf_agent_client_tool_progress",
@@ -1162,7 +1153,7 @@ class ToolClient:
             if connection is None:
                 return
             await connection.ended.wait()
-            code = _CLOSE_CODE_SILENT if connection.close_code == _CLOSE_CODE_SILENT else 1000
+            code = CLOSE_CODE_SILENT if connection.close_code == CLOSE_CODE_SILENT else 1000
             self._detach(connection, code)
             if self._closing:
                 return
@@ -1247,7 +1238,7 @@ class ToolClient:
             connection = self._connection
             if connection is not None:
                 _log("warn", f"replacing a silent connection: {event[1]}")
-                connection.close_code = _CLOSE_CODE_SILENT
+                connection.close_code = CLOSE_CODE_SILENT
                 self._end(connection, event[1])
 
     def _start_run(

@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 # The Literals spell rules.ERROR_CODES, CANCEL_REASONS and ACK_OUTCOMES for pydantic and mypy
-# (a Literal cannot be built from a tuple); tests/unit/test_rules.py checks they agree.
+# (a Literal cannot be built from a tuple); tests/unit/test_input_schema.py checks they agree.
 ErrorCode: TypeAlias = Literal[
     "unknown_tool",
     "invalid_input",

@@ -24,6 +24,7 @@ except ImportError:  # MicroPython: no enum, so the members below stay plain str
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
+    from typing import Any
 
 # --- the wire's limits (PROTOCOL.md: Transport, ToolSpec, S10) ---------------------------
 
@@ -72,6 +73,8 @@ ACK_OUTCOMES = ("applied", "duplicate", "stale", "invalid")
 DEFAULT_PING_INTERVAL = 15.0
 #: C12: a connection on which nothing arrived for this many ping intervals is dead.
 LIVENESS_FACTOR = 2.5
+#: Close code for a connection dropped because nothing arrived on it (C12).
+CLOSE_CODE_SILENT = 4000
 #: C7 asks to remember at least the last 1,000 completed requests.
 COMPLETED_CACHE_SIZE = 1000
 #: Exception text and ToolError messages longer than this are cut, so an error
@@ -118,10 +121,8 @@ class CallEvent(Enum):
 def _late(final: "CallState") -> "dict[CallEvent, CallState]":
     # A run that was cancelled or timed out is still alive until the adapter reports
     # how it ended; that late outcome is dropped (no second result), hence the self-loops.
-    late = {}
-    for event in (CallEvent.RETURN, CallEvent.RETURN_UNUSABLE, CallEvent.RAISE):
-        late[event] = final
-    late[CallEvent.RUN_CANCELLED] = final
+    ends = (CallEvent.RETURN, CallEvent.RETURN_UNUSABLE, CallEvent.RAISE, CallEvent.RUN_CANCELLED)
+    late = {event: final for event in ends}
     # CANCELLED: C8, a repeated cancel is ignored. TIMED_OUT: the server timed out too.
     late[CallEvent.CANCEL] = final
     return late
@@ -215,6 +216,18 @@ def invalid_input_message(tool_name: str, errors: "Sequence[Mapping[str, object]
     if len(errors) > ERRORS_IN_MESSAGE:
         parts.append(f"and {len(errors) - ERRORS_IN_MESSAGE} more")
     return f"invalid input for tool {tool_name!r}: {'; '.join(parts)}"
+
+
+def drop_missing_inputs(errors: "Sequence[dict[str, Any]]") -> None:
+    """Drop `input` from each `missing` error (the whole argument object, no help to a model).
+
+    >>> errors = [{"type": "missing", "loc": ["a"], "input": {}}]
+    >>> drop_missing_inputs(errors); errors
+    [{'type': 'missing', 'loc': ['a']}]
+    """
+    for err in errors:
+        if err.get("type") == "missing":
+            err.pop("input", None)
 
 
 def cut_message(message: str) -> str:

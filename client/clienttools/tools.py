@@ -90,7 +90,7 @@ from pydantic_core import PydanticSerializationError
 from clienttools import protocol
 from clienttools.context import ToolContext, ToolError
 from clienttools.observers import Observers
-from clienttools.rules import invalid_input_message
+from clienttools.rules import drop_missing_inputs, invalid_input_message
 
 __all__ = [
     "InvalidInput",
@@ -690,9 +690,7 @@ class Tool:
         errors: list[dict[str, JsonValue]] = json.loads(
             exc.json(include_url=False), parse_constant=str
         )
-        for err in errors:
-            if err.get("type") == "missing":
-                err.pop("input", None)  # the whole argument object, no help to the model
+        drop_missing_inputs(errors)
         return InvalidInput(invalid_input_message(self.name, errors), errors)
 
     def call(self, arguments: dict[str, Any], context: ToolContext | None) -> Any:

@@ -165,6 +165,15 @@ def parser() -> argparse.ArgumentParser:
         f"{MEMORY_RETENTION:g} without --db, {DB_RETENTION:g} (a week) with it)",
     )
     p.add_argument(
+        "--lease",
+        type=_positive,
+        default=defaults.lease,
+        metavar="SECONDS",
+        help="a process owns each run it runs this long past its last renewal (renewed every "
+        "third of it); then another process on the same --db takes the run over "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=_positive,
         default=defaults.idle_timeout,
@@ -203,6 +212,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         ttl=args.ttl,
         retention=args.retention,
         idle_timeout=args.idle_timeout,
+        lease=args.lease,
     )
 
 

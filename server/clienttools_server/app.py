@@ -34,7 +34,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
-from .ledger import Ledger, SqliteLedger
+from .ledger import DEFAULT_LEASE, Ledger, SqliteLedger
 from .model_choice import choose_model
 from .pending import PendingCalls
 from .routes import pending_routes
@@ -95,17 +95,20 @@ async def chat_endpoint(websocket: WebSocket) -> None:
     await Connection(websocket, session, hub, config, hub.clock).serve()
 
 
-def open_ledger(db: str | None) -> Ledger:
-    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory."""
+def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
+    """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory.
+
+    ``lease``: seconds each run this ledger owns stays its own past a renewal.
+    """
     if db is None:
         # Without a db the same SQLite ledger runs in memory: one implementation to trust.
-        return SqliteLedger(":memory:")
+        return SqliteLedger(":memory:", lease=lease)
     if db.startswith(POSTGRES_SCHEMES):
         # Imported here: psycopg is needed only by servers that use PostgreSQL.
         from .ledger_postgres import PostgresLedger
 
-        return PostgresLedger(db)
-    return SqliteLedger(db)
+        return PostgresLedger(db, lease=lease)
+    return SqliteLedger(db, lease=lease)
 
 
 def serving(
@@ -157,7 +160,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger = open_ledger(config.db)
+        ledger = open_ledger(config.db, lease=config.lease)
         hub = Hub(
             config, ledger, chosen_agent, chosen_model, tools,
             durable=config.db is not None, clock=clock,

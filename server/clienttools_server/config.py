@@ -15,6 +15,8 @@ from typing import Literal, TypeAlias
 
 from clienttools.protocol import MAX_FRAME_BYTES, MAX_RESULT_BYTES
 
+from .ledger import DEFAULT_LEASE
+
 DisconnectPolicy: TypeAlias = Literal["wait", "fail"]
 # How page tools reach the page: "rpc" delegates each call over the socket inside one
 # response (the default); "round-trip" offers them to the model as tools without an
@@ -87,6 +89,10 @@ class ServerConfig:
     flood_window: float = 10.0
     # Model steps per run, so a model that keeps calling tools cannot loop forever.
     max_steps: int = 16
+    # Run ownership: a process owns each run it runs for this long past its last
+    # renewal (it renews every lease / 3); once that lapses, another process on
+    # the same ledger takes the run over (docs/scaling.md).
+    lease: float = DEFAULT_LEASE
 
     def __post_init__(self) -> None:
         if self.tool_timeout <= 0 or self.max_tool_timeout <= 0:
@@ -105,6 +111,8 @@ class ServerConfig:
             raise ValueError("resume_grace must not be negative")
         if self.retention is not None and self.retention < 0:
             raise ValueError("retention must not be negative")
+        if not self.lease > 0:
+            raise ValueError("lease must be positive")
 
     @property
     def finished_retention(self) -> float:

@@ -52,7 +52,7 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, Timer, sleep
 from .config import ServerConfig
 from .hub import Client
-from .ledger import LedgerUnavailable
+from .ledger import LeaseLost, LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,8 @@ class Router(Protocol):
     def resume(self, client: Client, frame: ResumeFrame) -> None: ...
 
     def abort(self, client: Client, frame: AbortFrame) -> None: ...
+
+    def lease_lost(self, execution_id: str) -> None: ...
 
 
 def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -> bool:
@@ -255,6 +257,12 @@ class Connection:
             except LedgerUnavailable as exc:
                 # Nothing of the frame was recorded, so nothing is acknowledged: the
                 # peer reconnects (C11) and sends it again, the database back or not.
+                logger.warning("closing %s with 1013: %s", self._id, exc)
+                return CLOSE_TRY_AGAIN_LATER
+            except LeaseLost as exc:
+                # The frame is for a run another process took over: not acknowledged
+                # here, so the peer sends it again once it reaches that process.
+                self._hub.lease_lost(exc.execution_id)
                 logger.warning("closing %s with 1013: %s", self._id, exc)
                 return CLOSE_TRY_AGAIN_LATER
             except Exception:

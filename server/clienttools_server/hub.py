@@ -49,7 +49,7 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, Outcome, Step
+from .ledger import Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .remembered import RememberedTools
 from .runs import Run, RunRequest
@@ -119,16 +119,51 @@ class Hub:
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
         self.remembered = RememberedTools()
         self.finished = FinishedResponses(config.resume_grace, clock.now)
 
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
-        """Expire what outlived its TTL, resume unfinished runs (S8), start the expiry clock."""
+        """Expire what outlived its TTL, take over and resume unfinished runs whose lease
+        lapsed (S8), start the expiry clock and the lease's heartbeat."""
         self.expire_now()
         self.prune_now()
-        for execution in self.ledger.executions(("running", "paused")):
+        self.take_over_now()
+        self._expiry_task = asyncio.create_task(self._expire_periodically())
+        self._lease_task = asyncio.create_task(self._keep_leases())
+
+    async def close(self) -> None:
+        """Stop every task; unfinished runs stay resumable in the ledger.
+
+        Their leases are not given up: another process takes them over once they
+        lapse, or this one when it starts again on the same SQLite file.
+        """
+        self._closing = True
+        self.browser.shutting_down = True
+        tasks = [active.task for active in self.runs.values()]
+        for background in (self._expiry_task, self._lease_task):
+            if background is not None:
+                tasks.append(background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._expiry_task = self._lease_task = None
+
+    # -- run ownership (leases) -------------------------------------------------------
+
+    def take_over_now(self) -> list[str]:
+        """Resume every unfinished run whose lease lapsed: it is this process's now.
+
+        Replay does the rest: recorded steps are not asked for again, a pending
+        call is delivered again to the session's page once one registers here.
+        """
+        resumed: list[str] = []
+        for execution in self.ledger.take_over(self.clock.now()):
+            self.browser.handed_over.discard(execution.id)
+            if execution.id in self.runs:
+                continue  # our own lease, renewed late: the run goes on as it was
             try:
                 request = RunRequest.from_json(execution.request_json)
             except (ValueError, KeyError, TypeError):
@@ -136,21 +171,48 @@ class Hub:
                     execution.id, "error", self.clock.now(), "its request could not be read"
                 )
                 continue
-            logger.info("resuming run %s of session %s", execution.id, execution.session)
+            logger.info(
+                "resuming run %s of session %s (lease generation %d)",
+                execution.id, execution.session, execution.generation,
+            )  # fmt: skip
             self._launch(execution.id, execution.session, request)
-        self._expiry_task = asyncio.create_task(self._expire_periodically())
+            resumed.append(execution.id)
+        return resumed
 
-    async def close(self) -> None:
-        """Stop every task; unfinished runs stay resumable in the ledger."""
-        self._closing = True
-        self.browser.shutting_down = True
-        tasks = [active.task for active in self.runs.values()]
-        if self._expiry_task is not None:
-            tasks.append(self._expiry_task)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._expiry_task = None
+    def renew_now(self) -> list[str]:
+        """Renew the leases of this process's runs; stop those another process took over."""
+        lost = self.ledger.renew(self.clock.now())
+        for execution_id in lost:
+            self.lease_lost(execution_id)
+        return lost
+
+    def lease_lost(self, execution_id: str) -> None:
+        """Another process owns the run now: stop it here without a word to the ledger or page.
+
+        Its pending calls are not cancelled at the page (the new owner delivers
+        them again and takes the page's results), and its response does not end
+        here: it goes on where the run went.
+        """
+        self.browser.handed_over.add(execution_id)
+        active = self.runs.get(execution_id)
+        if active is not None and not active.run.lost:
+            logger.warning("run %s: lease lost, another process runs it now", execution_id)
+            active.run.lost = True
+            active.task.cancel()
+
+    async def _keep_leases(self) -> None:
+        # A third of the lease: two renewals may be late (a busy loop, a slow
+        # database) before the lease lapses.
+        period = self.config.lease / 3
+        while True:
+            await sleep(self.clock, period)
+            try:
+                self.renew_now()
+                self.take_over_now()
+            except LedgerUnavailable as exc:
+                logger.warning("renewing or taking over leases: %s", exc)
+            except Exception:
+                logger.exception("renewing or taking over leases failed")
 
     def expire_now(self) -> list[str]:
         expired = self.ledger.expire_paused(self.config.ttl, self.clock.now())
@@ -389,6 +451,7 @@ class Hub:
         try:
             await run.execute()
         finally:
+            self.ledger.release(run.execution_id)
             self.runs.pop(run.execution_id, None)
             session = self.sessions.get(session_name)
             if session is not None:
@@ -396,8 +459,9 @@ class Hub:
                     del session.logs[log.chat_id]
                 self._forget_if_idle(session)
             # At shutdown the response is not over: the page resumes it from
-            # the restarted server instead of seeing it end.
-            if not self._closing or run.aborted:
+            # the restarted server instead of seeing it end. Nor is it when
+            # another process took the run over: it goes on there.
+            if (not self._closing or run.aborted) and not run.lost:
                 log.finish()
                 self.finished.keep(session_name, log)
 

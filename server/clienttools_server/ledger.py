@@ -13,6 +13,16 @@ durable (each write is its own committed transaction, or part of one
 ``batch()``); on ``":memory:"`` it is the ledger of a server without ``--db``.
 The caller owns the clock: every write takes ``now`` in seconds.
 
+Each running execution has one owner, the ledger instance (one per server
+process) that started it or took it over, under a **lease**: the owner renews
+it (:meth:`Ledger.renew`) more often than it lapses, and another instance may
+take the execution over (:meth:`Ledger.take_over`) only once it has lapsed.
+Each take-over raises the execution's ``generation``; the ledger remembers the
+generation it holds for each execution it owns, and every write for such an
+execution applies only while that is still the execution's generation. A write
+refused so raises :class:`LeaseLost`: the instance lost the run to another one
+and must stop it without writing anything more for it (fencing).
+
 Nothing finished is kept forever: :meth:`Ledger.prune_finished` deletes the
 executions (and their steps) that finished longer than a retention ago; the
 server calls it from its expiry loop.
@@ -64,7 +74,10 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
+
+# Seconds a lease lasts when the ledger is not told otherwise (--lease).
+DEFAULT_LEASE = 10.0
 
 # How much of a recorded or asked-for input a Divergence message quotes.
 _QUOTE_CHARS = 200
@@ -132,6 +145,25 @@ class LedgerClosed(RuntimeError):
     """The ledger was used after :meth:`Ledger.close`."""
 
 
+class LeaseLost(RuntimeError):
+    """Another ledger instance took this execution over: this one may not write for it again.
+
+    Nothing of the refused call was written. The run that met it stops quietly:
+    it records nothing (not even its end) and tells the page nothing, since
+    the run goes on under its new owner.
+    """
+
+    def __init__(self, execution_id: str, held: int, current: int | None) -> None:
+        self.execution_id = execution_id
+        self.held = held
+        self.current = current
+        now = "gone" if current is None else f"at generation {current}"
+        super().__init__(
+            f"the lease of execution {execution_id} was lost: this process held generation "
+            f"{held}, the execution is {now}; another process took the run over"
+        )
+
+
 class LedgerUnavailable(RuntimeError):
     """The ledger's database could not be reached; nothing of the call was written.
 
@@ -152,6 +184,11 @@ class Execution:
     error: str | None
     created_at: float
     updated_at: float
+    # The lease: which ledger instance owns the run, how often it changed hands,
+    # and until when the owner's last renewal holds (None: nobody holds it).
+    owner: str | None = None
+    generation: int = 0
+    lease_until: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -360,8 +397,66 @@ def _closing_error(status: ExecutionStatus, ttl: float | None = None) -> tuple[S
     )
 
 
+class Leases:
+    """The executions one ledger instance owns, each at the generation it took it at.
+
+    Shared bookkeeping of both stores. An execution it lost stays fenced (every
+    write for it raises :class:`LeaseLost`, without asking the database) until
+    this instance takes it over again.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"the lease must be positive, not {seconds}")
+        self.seconds = seconds
+        self.owner = uuid.uuid4().hex
+        self.held: dict[str, int] = {}
+        self.lost: dict[str, int] = {}
+
+    def generation(self, execution_id: str) -> int | None:
+        """The generation held for the execution, None if it is not ours; LeaseLost if lost."""
+        lost = self.lost.get(execution_id)
+        if lost is not None:
+            raise LeaseLost(execution_id, lost, None)
+        return self.held.get(execution_id)
+
+    def hold(self, execution_id: str, generation: int) -> None:
+        self.held[execution_id] = generation
+        self.lost.pop(execution_id, None)
+
+    def lose(self, execution_id: str, current: int | None) -> LeaseLost:
+        held = self.held.pop(execution_id, 0)
+        self.lost[execution_id] = held
+        return LeaseLost(execution_id, held, current)
+
+    def release(self, execution_id: str) -> None:
+        """Stop holding: the run ended here. A lost lease stays fenced."""
+        self.held.pop(execution_id, None)
+
+
 class Ledger(Protocol):
     """What the runtime calls; :class:`SqliteLedger` implements it."""
+
+    def take_over(self, now: float) -> list[Execution]:
+        """Take every unfinished execution whose lease lapsed; they are this instance's now.
+
+        Each comes back with its new generation, which this instance holds from
+        now on. (SQLite: a file has one server process, so it also takes every
+        one another instance held: that instance is a dead predecessor.)
+        """
+        ...
+
+    def renew(self, now: float) -> list[str]:
+        """Extend the lease of every execution held to ``now`` + the lease.
+
+        Returns the ids of those that turned out lost (taken over meanwhile):
+        they are fenced from now on, and their runs must stop.
+        """
+        ...
+
+    def release(self, execution_id: str) -> None:
+        """Stop renewing the execution's lease (its run ended in this process)."""
+        ...
 
     def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
 
@@ -434,7 +529,10 @@ CREATE TABLE executions (
     request_json TEXT NOT NULL,
     error        TEXT,
     created_at   REAL NOT NULL,
-    updated_at   REAL NOT NULL
+    updated_at   REAL NOT NULL,
+    owner        TEXT,
+    generation   INTEGER NOT NULL DEFAULT 0,
+    lease_until  REAL
 );
 CREATE INDEX executions_by_status ON executions (status, updated_at);
 CREATE INDEX executions_by_session ON executions (session, status);
@@ -461,7 +559,10 @@ CREATE INDEX steps_pending ON steps (resolution, execution_id) WHERE state = 'pe
 CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT NULL;
 """
 
-_EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
+_EXECUTION_COLUMNS = (
+    "id, session, status, request_json, error, created_at, updated_at, "
+    "owner, generation, lease_until"
+)
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
     "error_json, request_id, attempts, created_at, updated_at, spec_json"
@@ -471,6 +572,12 @@ _STEP_COLUMNS = (
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 2: the tool spec a client call was made with, for the outputSchema after a restart.
     ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
+    # 3: run ownership: the lease's owner, its generation (fencing), until when it holds.
+    (
+        "ALTER TABLE executions ADD COLUMN owner TEXT",
+        "ALTER TABLE executions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE executions ADD COLUMN lease_until REAL",
+    ),
 )
 
 
@@ -496,6 +603,10 @@ def _step_from_row(row: tuple[object, ...]) -> Step:
     return Step(*row)  # type: ignore[arg-type]
 
 
+def _by_age(execution: Execution) -> tuple[float, str]:
+    return execution.created_at, execution.id
+
+
 class SqliteLedger:
     """The ledger in one SQLite file (or ``":memory:"``).
 
@@ -504,7 +615,8 @@ class SqliteLedger:
     so a process killed right after a call loses nothing that call acknowledged.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lease: float = DEFAULT_LEASE) -> None:
+        self._leases = Leases(lease)
         # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
         # so a read-then-write cannot interleave with another process's write.
         self._connection: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
@@ -616,16 +728,72 @@ class SqliteLedger:
             self._connection.close()
             self._connection = None
 
+    # leases
+
+    def _fence(self, db: sqlite3.Connection, execution_id: str) -> None:
+        """Raise LeaseLost if this instance held the execution and no longer does.
+
+        Inside the write's own transaction (BEGIN IMMEDIATE), so no take-over
+        can come between this check and the write.
+        """
+        held = self._leases.generation(execution_id)
+        if held is None:
+            return
+        row = db.execute(
+            "SELECT generation FROM executions WHERE id = ?", (execution_id,)
+        ).fetchone()
+        if row is not None and row[0] != held:
+            raise self._leases.lose(execution_id, int(row[0]))
+
+    def take_over(self, now: float) -> list[Execution]:
+        leases = self._leases
+        with self._write() as db:
+            rows = db.execute(
+                "UPDATE executions SET owner = ?, generation = generation + 1, lease_until = ? "
+                "WHERE status IN ('running', 'paused') "
+                "AND (owner IS NOT ? OR lease_until IS NULL OR lease_until < ?) "
+                f"RETURNING {_EXECUTION_COLUMNS}",
+                (leases.owner, now + leases.seconds, leases.owner, now),
+            ).fetchall()
+        taken = sorted((_execution_from_row(row) for row in rows), key=_by_age)
+        for execution in taken:
+            leases.hold(execution.id, execution.generation)
+        return taken
+
+    def renew(self, now: float) -> list[str]:
+        leases = self._leases
+        lost: list[str] = []
+        with self._write() as db:
+            for execution_id, generation in list(leases.held.items()):
+                renewed = db.execute(
+                    "UPDATE executions SET lease_until = ? WHERE id = ? AND generation = ?",
+                    (now + leases.seconds, execution_id, generation),
+                ).rowcount
+                if not renewed:
+                    lost.append(execution_id)
+        for execution_id in lost:
+            leases.lose(execution_id, None)
+        return lost
+
+    def release(self, execution_id: str) -> None:
+        self._leases.release(execution_id)
+
     # executions
 
     def start_execution(self, session: str, request_json: str, now: float) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
-        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
+        leases = self._leases
+        execution = Execution(
+            uuid.uuid4().hex, session, "running", request_json, None, now, now,
+            leases.owner, 1, now + leases.seconds,
+        )  # fmt: skip
         with self._write() as db:
             db.execute(
-                f"INSERT INTO executions ({_EXECUTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (execution.id, session, "running", request_json, None, now, now),
+                f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dataclasses.astuple(execution),
             )
+        leases.hold(execution.id, execution.generation)
         return execution
 
     def get_execution(self, execution_id: str) -> Execution | None:
@@ -662,6 +830,7 @@ class SqliteLedger:
     ) -> None:
         with self._write() as db:
             execution = self._execution_in(db, execution_id)
+            self._fence(db, execution_id)
             _check_transition(execution, status)
             if execution.finished:
                 return  # same finished status again: nothing changes
@@ -750,6 +919,7 @@ class SqliteLedger:
             stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
         with self._write() as db:
+            self._fence(db, execution_id)
             try:
                 inserted = db.execute(_INSERT_STEP, values).rowcount
             except sqlite3.IntegrityError:
@@ -823,6 +993,7 @@ class SqliteLedger:
     ) -> Outcome:
         prepared = _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
         with self._write() as db:
+            self._fence(db, execution_id)
             if not isinstance(prepared, Outcome):
                 state = "applied" if field == "result" else "error"
                 rows = db.execute(
@@ -844,6 +1015,7 @@ class SqliteLedger:
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
         with self._write() as db:
+            self._fence(db, execution_id)
             row = db.execute(
                 "UPDATE steps SET attempts = attempts + 1, updated_at = ? "
                 "WHERE execution_id = ? AND seq = ? RETURNING attempts",
@@ -857,6 +1029,7 @@ class SqliteLedger:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
         canonical = _canonicalize(spec_json)
         with self._write() as db:
+            self._fence(db, execution_id)
             db.execute(
                 "UPDATE steps SET spec_json = ? "
                 "WHERE execution_id = ? AND seq = ? AND spec_json IS NULL",

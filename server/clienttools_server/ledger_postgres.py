@@ -55,9 +55,11 @@ import psycopg
 import psycopg_pool
 
 from .ledger import (
+    DEFAULT_LEASE,
     FINISHED_STATUSES,
     Execution,
     ExecutionStatus,
+    Leases,
     LedgerClosed,
     LedgerUnavailable,
     Outcome,
@@ -78,7 +80,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable.
 # The wait blocks the caller's event loop (the interface is synchronous), so it is
@@ -134,10 +136,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 2: the tool spec a client call was made with, for the outputSchema after a restart.
     ("ALTER TABLE steps ADD COLUMN spec_json TEXT",),
+    # 3: run ownership: the lease's owner, its generation (fencing), until when it holds.
+    (
+        'ALTER TABLE executions ADD COLUMN owner TEXT COLLATE "C"',
+        "ALTER TABLE executions ADD COLUMN generation BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE executions ADD COLUMN lease_until DOUBLE PRECISION",
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
-_EXECUTION_COLUMNS = "id, session, status, request_json, error, created_at, updated_at"
+_EXECUTION_COLUMNS = (
+    "id, session, status, request_json, error, created_at, updated_at, "
+    "owner, generation, lease_until"
+)
+# The fence every write for an execution carries: it applies only while the
+# execution is at the generation this instance holds (NULL: not one of ours, no
+# fence). The row lock: a take-over waits for this write, or this write waits for
+# the take-over and then sees the new generation. NO KEY UPDATE, the lock the
+# execution's own UPDATE takes anyway: two writers for one execution queue up on
+# it instead of both sharing it and then deadlocking on the upgrade.
+_FENCE = (
+    "EXISTS (SELECT 1 FROM executions WHERE id = %s "
+    "AND generation = COALESCE(%s::bigint, generation) FOR NO KEY UPDATE)"
+)
 _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
     "error_json, request_id, attempts, created_at, updated_at, spec_json"
@@ -150,7 +171,7 @@ _STEP_COLUMNS = (
 _RECORD_STEP = (
     f"WITH inserted AS (INSERT INTO steps ({_STEP_COLUMNS}) "
     "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
-    "WHERE EXISTS (SELECT 1 FROM executions WHERE id = %s) "
+    f"WHERE {_FENCE} "
     "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
     "touched AS (UPDATE executions SET updated_at = %s "
     "WHERE id = %s AND EXISTS (SELECT 1 FROM inserted)) "
@@ -159,7 +180,7 @@ _RECORD_STEP = (
 _SETTLE_SQL = {
     field: (
         f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
-        "WHERE execution_id = %s AND seq = %s AND state = 'pending' "
+        f"WHERE execution_id = %s AND seq = %s AND state = 'pending' AND {_FENCE} "
         f"RETURNING {_STEP_COLUMNS}), "
         "touched AS (UPDATE executions SET updated_at = %s "
         "WHERE id IN (SELECT execution_id FROM settled)) "
@@ -199,10 +220,11 @@ def _maybe_unescape(text: object) -> str | None:
 
 
 def _execution_from_row(row: Sequence[Any]) -> Execution:
-    id_, session, status, request_json, error, created_at, updated_at = row
+    (id_, session, status, request_json, error, created_at, updated_at, owner, generation,
+     lease_until) = row  # fmt: skip
     return Execution(
         id_, _unescape(session), status, request_json, _maybe_unescape(error), created_at,
-        updated_at,
+        updated_at, owner, int(generation), lease_until,
     )  # fmt: skip
 
 
@@ -245,7 +267,9 @@ class PostgresLedger:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         max_size: int = 4,
+        lease: float = DEFAULT_LEASE,
     ) -> None:
+        self._leases = Leases(lease)
         self._timeout = timeout
         self._away = False  # the last call found the database unreachable
         self._local = threading.local()
@@ -435,16 +459,76 @@ class PostgresLedger:
             self._closed = True
             self._pool.close()
 
+    # leases
+
+    def _held(self, execution_id: str) -> int | None:
+        """The generation held for the execution (None: not ours); LeaseLost if lost."""
+        return self._leases.generation(execution_id)
+
+    def _check_lease(self, execution_id: str, held: int | None) -> None:
+        """After a fenced write changed nothing: raise LeaseLost if the fence is why."""
+        if held is None:
+            return
+        rows = self._read(
+            "SELECT generation FROM executions WHERE id = %s", (_escape(execution_id),)
+        )
+        if rows and int(rows[0][0]) != held:
+            raise self._leases.lose(execution_id, int(rows[0][0]))
+
+    def take_over(self, now: float) -> list[Execution]:
+        leases = self._leases
+        # SKIP LOCKED: a run another process is taking over (or writing) right now
+        # is not lapsed for us; the next round sees how it ended.
+        rows = self._write_one(
+            "UPDATE executions SET owner = %s, generation = generation + 1, lease_until = %s "
+            "WHERE id IN (SELECT id FROM executions WHERE status IN ('running', 'paused') "
+            "AND (lease_until IS NULL OR lease_until < %s) FOR UPDATE SKIP LOCKED) "
+            f"RETURNING {_EXECUTION_COLUMNS}",
+            (leases.owner, now + leases.seconds, now),
+        )
+        taken = sorted((_execution_from_row(row) for row in rows), key=_by_age)
+        for execution in taken:
+            leases.hold(execution.id, execution.generation)
+        return taken
+
+    def renew(self, now: float) -> list[str]:
+        leases = self._leases
+        if not leases.held:
+            return []
+        held = list(leases.held.items())
+        rows = self._write_one(
+            "UPDATE executions AS e SET lease_until = %s "
+            "FROM unnest(%s::text[], %s::bigint[]) AS h (id, generation) "
+            "WHERE e.id = h.id AND e.generation = h.generation RETURNING e.id",
+            (now + leases.seconds, [_escape(i) for i, _ in held], [g for _, g in held]),
+        )
+        renewed = {_unescape(str(row[0])) for row in rows}
+        lost = [execution_id for execution_id, _ in held if execution_id not in renewed]
+        for execution_id in lost:
+            leases.lose(execution_id, None)
+        return lost
+
+    def release(self, execution_id: str) -> None:
+        self._leases.release(execution_id)
+
     # executions
 
     def start_execution(self, session: str, request_json: str, now: float) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
-        execution = Execution(uuid.uuid4().hex, session, "running", request_json, None, now, now)
+        leases = self._leases
+        execution = Execution(
+            uuid.uuid4().hex, session, "running", request_json, None, now, now,
+            leases.owner, 1, now + leases.seconds,
+        )  # fmt: skip
         self._write_one(
             f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (execution.id, _escape(session), "running", request_json, None, now, now),
-        )
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (
+                execution.id, _escape(session), "running", request_json, None, now, now,
+                leases.owner, 1, now + leases.seconds,
+            ),
+        )  # fmt: skip
+        leases.hold(execution.id, 1)
         return execution
 
     def get_execution(self, execution_id: str) -> Execution | None:
@@ -480,8 +564,11 @@ class PostgresLedger:
     def set_status(
         self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
     ) -> None:
+        held = self._held(execution_id)
         with self._write() as tx:
             execution = self._execution_in(tx, execution_id, lock=True)
+            if held is not None and execution.generation != held:
+                raise self._leases.lose(execution_id, execution.generation)
             _check_transition(execution, status)
             if execution.finished:
                 return  # same finished status again: nothing changes
@@ -571,6 +658,7 @@ class PostgresLedger:
             raise ValueError(f"seq must be >= 0, not {seq}")
         canonical_input = _prepare_input(name, input_json)
         state, stored_result = _prepare_recorded_result(result_json)
+        held = self._held(execution_id)
         step = Step(
             execution_id, seq, kind, name, canonical_input, resolution, state,
             stored_result, None, request_id, 0, now, now, None,
@@ -580,11 +668,12 @@ class PostgresLedger:
             (
                 execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
                 stored_result, None, _maybe_escape(request_id), 0, now, now, None,
-                execution_id, now, execution_id,
+                execution_id, held, now, execution_id,
             ),
         )  # fmt: skip
         if inserted:
             return step
+        self._check_lease(execution_id, held)
         # Recorded before (a replay), or no such execution: only now worth a read.
         existing = self.get_step(execution_id, seq)
         if existing is None:
@@ -604,17 +693,24 @@ class PostgresLedger:
     def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
         canonical = _canonicalize(spec_json)
+        held = self._held(execution_id)
         # The step as it stands after the update: the updated row, or else the one
         # that already had a spec (the statement's snapshot predates its update).
         rows = self._write_one(
             f"WITH updated AS (UPDATE steps SET spec_json = %s "
-            "WHERE execution_id = %s AND seq = %s AND spec_json IS NULL "
+            f"WHERE execution_id = %s AND seq = %s AND spec_json IS NULL AND {_FENCE} "
             f"RETURNING {_STEP_COLUMNS}) "
             "SELECT * FROM updated UNION ALL "
             f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s "
             "AND NOT EXISTS (SELECT 1 FROM updated)",
-            (canonical, _escape(execution_id), seq, _escape(execution_id), seq),
-        )
+            (
+                canonical, _escape(execution_id), seq, _escape(execution_id), held,
+                _escape(execution_id), seq,
+            ),
+        )  # fmt: skip
+        if not rows or rows[0][13] is None or rows[0][13] != canonical:
+            # Nothing updated: a spec recorded before (fine), or the fence refused it.
+            self._check_lease(execution_id, held)
         return _step_from_row(rows[0]) if rows else None
 
     def get_step(self, execution_id: str, seq: int) -> Step | None:
@@ -669,19 +765,23 @@ class PostgresLedger:
         now: float,
     ) -> Outcome:
         prepared = _prepare_result(value_json) if field == "result" else _prepare_error(value_json)
+        held = self._held(execution_id)
         if not isinstance(prepared, Outcome):
             state = "applied" if field == "result" else "error"
             # The UPDATE's "AND state = 'pending'" is the one check that counts:
             # of two processes settling the same step, exactly one gets the row.
             rows = self._write_one(
-                _SETTLE_SQL[field], (state, prepared, now, _escape(execution_id), seq, now)
-            )
+                _SETTLE_SQL[field],
+                (state, prepared, now, _escape(execution_id), seq, _escape(execution_id), held,
+                 now),
+            )  # fmt: skip
             if rows:
                 settled = _step_from_row(rows[0])
                 return Outcome(
                     True, "applied", f"step {seq} of execution {execution_id} settled", settled
                 )
-        # Missing, already settled, or a value that cannot be stored: nothing was written.
+        # Missing, already settled, fenced, or a value that cannot be stored: nothing was written.
+        self._check_lease(execution_id, held)
         step = self.get_step(execution_id, seq)
         refusal = _refusal(step, execution_id, seq)
         if refusal is not None:
@@ -690,14 +790,20 @@ class PostgresLedger:
         return dataclasses.replace(prepared, step=step)
 
     def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+        held = self._held(execution_id)
         rows = self._write_one(
             "UPDATE steps SET attempts = attempts + 1, updated_at = %s "
-            "WHERE execution_id = %s AND seq = %s RETURNING attempts",
-            (now, _escape(execution_id), seq),
+            f"WHERE execution_id = %s AND seq = %s AND {_FENCE} RETURNING attempts",
+            (now, _escape(execution_id), seq, _escape(execution_id), held),
         )
         if not rows:
+            self._check_lease(execution_id, held)
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(rows[0][0])
+
+
+def _by_age(execution: Execution) -> tuple[float, str]:
+    return execution.created_at, execution.id
 
 
 def _alive(connection: psycopg.Connection[Any]) -> None:

@@ -51,7 +51,7 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, Outcome, OutcomeReason, Step, canonical_json
+from .ledger import LeaseLost, Ledger, Outcome, OutcomeReason, Step, canonical_json
 from .schema import OutputSchemas
 
 logger = logging.getLogger(__name__)
@@ -310,6 +310,8 @@ class BrowserTools:
         self.pending: dict[str, PendingCall] = {}
         self.superseded: OrderedDict[str, None] = OrderedDict()
         self.shutting_down = False
+        # Executions another process took over: their calls end here unsaid.
+        self.handed_over: set[str] = set()
 
     @property
     def timer_count(self) -> int:
@@ -403,6 +405,10 @@ class BrowserTools:
             del self.pending[entry.request_id]
 
     def _on_cancelled(self, entry: PendingCall) -> None:
+        if entry.execution_id in self.handed_over:
+            # The run goes on in another process, which delivers the call again:
+            # the page must not cancel the tool, and this process writes nothing.
+            return
         if self.shutting_down:
             # A durable call outlives the process: the page may finish it and
             # send the result to the restarted server. Without a durable
@@ -410,13 +416,22 @@ class BrowserTools:
             if not self.durable:
                 self._send_cancel(entry, "shutdown")
             return
-        self._send_cancel(entry, "aborted")
-        entry.move(CallEvent.SERVER)
-        self.ledger.reject(
-            entry.execution_id, entry.seq,
-            _error_json("cancelled", "the response was aborted before this call finished"),
-            self.clock.now(),
-        )  # fmt: skip
+        lost = False
+        try:
+            self.ledger.reject(
+                entry.execution_id, entry.seq,
+                _error_json("cancelled", "the response was aborted before this call finished"),
+                self.clock.now(),
+            )  # fmt: skip
+        except LeaseLost:
+            # The run stopped because another process took it over (a write of
+            # its own was refused): as above, nothing for the page.
+            lost = True
+            self.handed_over.add(entry.execution_id)
+        finally:
+            if not lost:
+                self._send_cancel(entry, "aborted")
+                entry.move(CallEvent.SERVER)
 
     def _send_cancel(self, entry: PendingCall, reason: CancelReason) -> None:
         if entry.target is not None and entry.target.is_open:

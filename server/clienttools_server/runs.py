@@ -37,7 +37,14 @@ from .chunks import ChunkWriter
 from .config import ClientToolsMode
 from .history import history_from_ui
 from .journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
-from .ledger import Divergence, InvalidTransition, Ledger, UnknownExecution, canonical_json
+from .ledger import (
+    Divergence,
+    InvalidTransition,
+    LeaseLost,
+    Ledger,
+    UnknownExecution,
+    canonical_json,
+)
 from .page_tools import PageToolset
 
 logger = logging.getLogger(__name__)
@@ -66,11 +73,11 @@ class RunRequest:
 
 
 def _cause(exc: BaseException) -> BaseException:
-    """The first Divergence or RunFailed inside an exception group, else the group."""
+    """The first LeaseLost, Divergence or RunFailed inside an exception group, else the group."""
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             found = _cause(inner)
-            if isinstance(found, Divergence | RunFailed):
+            if isinstance(found, LeaseLost | Divergence | RunFailed):
                 return found
     return exc
 
@@ -110,6 +117,9 @@ class Run:
         # Set by whoever cancels the task for an abort; a cancel without it is a
         # shutdown, which leaves the execution resumable.
         self.aborted = False
+        # Set once another process took the run over (its lease lapsed here): the
+        # run stops without writing or emitting anything more.
+        self.lost = False
         self.journal: RunJournal | None = None
 
     @property
@@ -127,7 +137,10 @@ class Run:
             raise
         except BaseException as raised:
             exc = _cause(raised)
-            if isinstance(exc, Divergence):
+            if isinstance(exc, LeaseLost):
+                logger.warning("run %s stopped: %s", self.execution_id, exc)
+                self.lost = True
+            elif isinstance(exc, Divergence):
                 logger.warning("%s", exc)
                 self._fail(
                     f"the run diverged from its record at step {exc.seq} "

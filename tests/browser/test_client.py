@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page
 
 from tests.conftest import PLAYWRIGHT_CONFIG
 from tests.support.driver import ToolDriver
+from tests.support.frames import MALFORMED_FRAMES
 from tests.support.static import StaticServer
 
 pytestmark = pytest.mark.browser
@@ -217,20 +218,8 @@ def test_async_tools_run_concurrently(page: Page, driver: ToolDriver) -> None:
 
 
 def test_malformed_frames_do_not_break_the_page(page: Page, driver: ToolDriver) -> None:
-    junk: list[Any] = [
-        "not json",
-        "[]",
-        "{}",
-        '{"type": 5}',
-        '{"type": "cf_agent_nonsense"}',
-        '{"type": "cf_agent_client_tool_invoke"}',
-        '{"type": "cf_agent_client_tool_cancel", "requestId": 7}',
-        '{"type": "cf_agent_ping"}',
-        b"\x00\x01binary",
-        '{"type": "cf_agent_client_tool_result_ack", "requestId": "x", "outcome": "weird"}',
-    ]
     for index in range(1000):
-        driver.send(SESSION, junk[index % len(junk)])
+        driver.send(SESSION, MALFORMED_FRAMES[index % len(MALFORMED_FRAMES)])
     # A malformed invoke whose requestId is readable gets invalid_request.
     driver.send(
         SESSION, {"type": "cf_agent_client_tool_invoke", "requestId": "bad-1", "toolName": 3}

@@ -47,7 +47,8 @@ async def stack(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         db = request.getfixturevalue("postgres").fresh_url()
     else:
         db = str(tmp_path / "ledger.sqlite3")
-    server = ServerProcess(["--db", db], log=tmp_path / "server.log")
+    # A short lease: the restarted process takes over the killed one's runs once it lapses.
+    server = ServerProcess(["--db", db, "--lease", "2"], log=tmp_path / "server.log")
     await asyncio.to_thread(server.start)
     try:
         async with FaultProxy("127.0.0.1", server.port) as proxy:
@@ -64,7 +65,30 @@ async def stack(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def wait_finished(stack: Stack, chat_id: str) -> None:
-    """Resume the chat on the (restarted) server until its response has ended."""
+    """Resume the chat on the (restarted) server until its response has ended.
+
+    On PostgreSQL the restarted process takes the run over only once the killed
+    one's lease lapsed (``--lease``): until then there is nothing to resume.
+    """
+    while not await resume_to_end(stack, chat_id):
+        await asyncio.sleep(0.2)
+
+
+def execution_status(db: str, chat_id: str) -> str:
+    ledger = open_ledger(db)
+    try:
+        [status] = [
+            e.status
+            for e in ledger.executions()
+            if RunRequest.from_json(e.request_json).chat_id == chat_id
+        ]
+        return status
+    finally:
+        ledger.close()
+
+
+async def resume_to_end(stack: Stack, chat_id: str) -> bool:
+    """Resume the chat and read its response to the end; False if the run is not here yet."""
     chat = await ChatPeer.open(stack.server.ws_url(SESSION))
     try:
         await chat.browser.send(
@@ -82,8 +106,10 @@ async def wait_finished(stack: Stack, chat_id: str) -> None:
         await wait_until(answered, what=f"an answer to resuming {chat_id}")
         if any(f["type"] == "start" and f.get("requestId") == rid for f in chat.browser.inbox):
             await chat.response(rid)
+            return True
     finally:
         await chat.close()
+    return execution_status(stack.db, chat_id) not in ("running", "paused")
 
 
 def ledger_transcript(db: str, chat_id: str) -> tuple[str, list[Any], list[int], str]:

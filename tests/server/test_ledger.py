@@ -30,6 +30,7 @@ from clienttools_server.ledger import (
     MAX_STORED_BYTES,
     Divergence,
     InvalidTransition,
+    LeaseLost,
     Ledger,
     LedgerClosed,
     LedgerUnavailable,
@@ -671,7 +672,7 @@ def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path) -> No
     SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
     raw.close()
 
 
@@ -680,6 +681,8 @@ def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: 
     with SqliteLedger(path) as ledger:
         execution_id, seq = _tool_step(ledger)
     raw = sqlite3.connect(path)
+    for column in ("owner", "generation", "lease_until"):
+        raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
     raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
     raw.execute("PRAGMA user_version = 1")
     raw.close()
@@ -689,7 +692,7 @@ def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: 
         recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
     raw.close()
 
 
@@ -698,6 +701,8 @@ def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresSer
     with PostgresLedger(url) as ledger:
         execution_id, seq = _tool_step(ledger)
     with psycopg.connect(url) as raw:
+        for column in ("owner", "generation", "lease_until"):
+            raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
         raw.execute("UPDATE ledger_schema SET version = 1")
     with PostgresLedger(url) as ledger:
@@ -706,7 +711,7 @@ def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresSer
         recorded = ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with psycopg.connect(url) as raw:
-        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(2,)]
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
 
 
 def test_the_spec_of_a_step_is_recorded_once(ledger: Ledger) -> None:
@@ -943,3 +948,98 @@ def settled_at_most_once(ledger: Ledger, calls: list[tuple[str, str]]) -> None:
     else:
         assert step.state == "error"
         assert step.error() == json.loads(applied[0][1])
+
+
+# -- leases: one owner per running execution, fenced by its generation
+
+
+def test_a_started_execution_is_held_and_its_lease_renewed(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    assert (execution.generation, execution.lease_until) == (1, T0 + 10)
+    stored = ledger.get_execution(execution.id)
+    assert stored is not None and stored.owner == execution.owner is not None
+    assert ledger.renew(T0 + 5) == []
+    renewed = ledger.get_execution(execution.id)
+    assert renewed is not None and (renewed.generation, renewed.lease_until) == (1, T0 + 15)
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_old_owner_writes_nothing(
+    open_durable_ledger: tuple[str, str],
+) -> None:
+    old, new = _open(*open_durable_ledger), _open(*open_durable_ledger)
+    try:
+        execution = old.start_execution("chat-1", "{}", now=T0)
+        old.record_step(execution.id, 0, "tool", "get_location", "{}", "client", T0)
+        [taken] = new.take_over(T0 + 11)
+        assert (taken.id, taken.generation, taken.owner) != (execution.id, 1, execution.owner)
+        assert taken.id == execution.id and taken.generation == 2
+        before = (new.get_execution(execution.id), new.steps(execution.id))
+        writes: list[Callable[[], object]] = [
+            lambda: old.record_step(execution.id, 1, "model", "m", "{}", "server", T0 + 12),
+            lambda: old.resolve(execution.id, 0, '{"lat":1}', T0 + 12),
+            lambda: old.reject(execution.id, 0, '{"code":"x","message":"y"}', T0 + 12),
+            lambda: old.add_attempt(execution.id, 0, T0 + 12),
+            lambda: old.record_spec(execution.id, 0, '{"name":"get_location"}'),
+            lambda: old.set_status(execution.id, "completed", T0 + 12),
+        ]
+        for write in writes:
+            with pytest.raises(LeaseLost, match="another process took the run over"):
+                write()
+        assert old.renew(T0 + 12) == []  # known lost already: nothing left to renew
+        assert (new.get_execution(execution.id), new.steps(execution.id)) == before
+        # The new owner writes as before, and renews what it holds.
+        assert new.resolve(execution.id, 0, '{"lat":1}', T0 + 13).ok
+        assert new.renew(T0 + 14) == []
+        new.set_status(execution.id, "completed", T0 + 15)
+        finished = new.get_execution(execution.id)
+        assert finished is not None and finished.status == "completed"
+    finally:
+        old.close()
+        new.close()
+
+
+def test_a_lease_lost_is_found_by_the_next_renewal(open_durable_ledger: tuple[str, str]) -> None:
+    old, new = _open(*open_durable_ledger), _open(*open_durable_ledger)
+    try:
+        execution = old.start_execution("chat-1", "{}", now=T0)
+        assert [e.id for e in new.take_over(T0 + 11)] == [execution.id]
+        assert old.renew(T0 + 12) == [execution.id]
+        with pytest.raises(LeaseLost):
+            old.set_status(execution.id, "error", T0 + 12, "stale")
+        # Taking it back (the new owner's lease lapsed in turn) lifts the fence.
+        [back] = old.take_over(T0 + 30)
+        assert back.generation == 3
+        old.set_status(execution.id, "completed", T0 + 31)
+        with pytest.raises(LeaseLost):
+            new.set_status(execution.id, "error", T0 + 31)
+    finally:
+        old.close()
+        new.close()
+
+
+def test_finished_executions_are_never_taken_over(ledger: Ledger) -> None:
+    execution = ledger.start_execution("chat-1", "{}", now=T0)
+    ledger.set_status(execution.id, "completed", T0 + 1)
+    assert ledger.take_over(T0 + HOUR) == []
+
+
+def test_a_live_lease_on_postgres_is_not_taken_over(postgres: PostgresServer) -> None:
+    """Many processes share PostgreSQL: a run whose owner renews stays with it."""
+    url = postgres.fresh_url()
+    with PostgresLedger(url) as owner, PostgresLedger(url) as other:
+        execution = owner.start_execution("chat-1", "{}", now=T0)
+        assert other.take_over(T0 + 5) == []
+        assert owner.renew(T0 + 9) == []
+        assert other.take_over(T0 + 15) == []
+        assert [e.id for e in other.take_over(T0 + 20)] == [execution.id]
+
+
+def test_a_sqlite_file_takes_over_what_another_instance_held(tmp_path: Path) -> None:
+    """A SQLite file has one server process: an instance before it on the file is gone."""
+    path = tmp_path / "ledger.sqlite3"
+    with SqliteLedger(path) as before:
+        execution = before.start_execution("chat-1", "{}", now=T0)
+    with SqliteLedger(path) as after:
+        [taken] = after.take_over(T0 + 1)
+        assert (taken.id, taken.generation) == (execution.id, 2)
+        assert after.take_over(T0 + 2) == []  # its own, live

@@ -1,10 +1,11 @@
 """Several server processes on one PostgreSQL ledger (``--db postgresql://...``), on real sockets.
 
 What is shared today is the ledger: each process serves its own pages and
-chats, and what one process recorded, every other one reads. A process that
-starts resumes the unfinished runs it finds there, whoever started them: so
-a run whose process was SIGKILLed goes on, once another process restarts,
-with its page reconnected there and its pending call re-delivered.
+chats, and what one process recorded, every other one reads. A process takes
+over the unfinished runs whose lease lapsed, at start-up and at every heartbeat:
+so a run whose process was SIGKILLed goes on in another process, with its page
+reconnected there and its pending call re-delivered (tests/server/test_leases.py
+has the rest of run ownership).
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ async def test_a_run_of_a_killed_process_goes_on_where_another_starts(
             await asyncio.to_thread(first.kill)
             await chat.close()
             # The balancer sends the page to the other process, which (re)starts
-            # and finds the run in the shared ledger with its call pending.
+            # and, once the killed one's lease lapsed, takes the run over from the
+            # shared ledger with its call pending.
             proxy.upstream_port = second.port
             await asyncio.to_thread(second.stop)
             await asyncio.to_thread(second.start)

@@ -32,6 +32,21 @@ from hypothesis.strategies import DrawFn, SearchStrategy
 
 from clienttools import protocol as p
 
+#: A few frames no peer should send (not JSON, not an object, wrong types, binary): a
+#: client survives each and sends nothing back (C13).
+MALFORMED_FRAMES: tuple[str | bytes, ...] = (
+    "not json",
+    "[]",
+    "{}",
+    '{"type": 5}',
+    '{"type": "cf_agent_nonsense"}',
+    '{"type": "cf_agent_client_tool_invoke"}',
+    '{"type": "cf_agent_client_tool_cancel", "requestId": 7}',
+    '{"type": "cf_agent_ping"}',
+    b"\x00\x01binary",
+    '{"type": "cf_agent_client_tool_result_ack", "requestId": "x", "outcome": "weird"}',
+)
+
 # --- JSON building blocks ---------------------------------------------------------------
 
 # JavaScript loses integer precision past 2**53, so "ordinary" ints stay inside it.

@@ -427,6 +427,20 @@ def test_second_request_carries_the_history() -> None:
     assert (frame["body"], frame["headers"], frame["metadata"]) == ({"k": 1}, {"h": "v"}, {"x": 1})
 
 
+def test_clear_starts_a_fresh_conversation() -> None:
+    state = make_state()
+    state.begin_request("r1", "one")
+    with pytest.raises(LocalProtocolError):
+        state.clear()  # not while a response is in flight
+    feed(state, "r1", corpus("plain_text"))
+    state.receive(from_server({"type": "end", "requestId": "r1"}))
+    chat_id = state.chat_id
+    state.clear()
+    assert state.messages == [] and state.response_message is None
+    frame = wire(state.begin_request("r2", "two"))
+    assert [m["role"] for m in frame["messages"]] == ["user"] and frame["id"] == chat_id
+
+
 def test_status_submitted_streaming_ready() -> None:
     state = make_state()
     state.begin_request("r1", "hi")
@@ -961,6 +975,21 @@ async def test_one_response_at_a_time(chat: Chat, socket: FakeSocket) -> None:
         await chat.send("second")
     await chat.stop()
     await task
+
+
+async def test_clear_forgets_the_messages_and_tells_the_callbacks(
+    chat: Chat, socket: FakeSocket
+) -> None:
+    task = asyncio.create_task(chat.send("first"))
+    frame = await until_sent(socket, 1)
+    with pytest.raises(LocalProtocolError):
+        chat.clear()
+    chat.feed(from_server({"type": "end", "requestId": frame["requestId"]}))
+    await task
+    seen: list[int] = []
+    chat.on_change(lambda c: seen.append(len(c.messages)))
+    chat.clear()
+    assert chat.messages == [] and seen == [0]
 
 
 async def test_a_failing_callback_does_not_break_the_chat(

@@ -19,6 +19,7 @@ import pytest
 from clienttools import mpy
 from clienttools.session import CancelTool, RunTool, Session
 from clienttools.tools import ToolContext, ToolError, ToolRegistry
+from tests.support.frames import MALFORMED_FRAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 ADD_SCHEMA = {
@@ -189,19 +190,7 @@ def test_cancel_timeout_and_late_outcomes_match() -> None:
 def test_malformed_frames_are_survived_alike() -> None:
     pair = Pair()
     pair.open()
-    junk: list[Any] = [
-        "not json",
-        "[]",
-        "{}",
-        '{"type": 5}',
-        '{"type": "cf_agent_nonsense"}',
-        '{"type": "cf_agent_client_tool_invoke"}',
-        '{"type": "cf_agent_client_tool_cancel", "requestId": 7}',
-        '{"type": "cf_agent_ping"}',
-        b"\x00\x01binary",
-        '{"type": "cf_agent_client_tool_result_ack", "requestId": "x", "outcome": "weird"}',
-        "x" * 1_100_000,
-    ]
+    junk = [*MALFORMED_FRAMES, "x" * 1_100_000]
     for frame in junk:
         assert pair.feed(frame) == ([], []), frame
     pyodide, micropython = pair.feed(
