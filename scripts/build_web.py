@@ -27,6 +27,7 @@ file under client/ (or pyproject.toml) changed.
 from __future__ import annotations
 
 import argparse
+import base64
 import email.parser
 import hashlib
 import json
@@ -209,8 +210,53 @@ def build_client_wheel(cache: Path) -> Path:
     wheels = sorted(target.glob("clienttools-*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"build_web: expected one clienttools wheel in {target}, found {wheels}")
+    add_bytecode(wheels[0])
     stamp.write_text(digest)
     return wheels[0]
+
+
+def add_bytecode(wheel: Path) -> None:
+    """Add Pyodide's bytecode of every module to the wheel, so a page does not compile them.
+
+    Compiling the SDK's source was a large part of its import on every page load
+    (the page's site-packages is in memory, so nothing is cached between loads).
+    The .pyc files are unchecked-hash ones, made by the very Pyodide the pages load
+    (scripts/compile_pyc.mjs); a Pyodide with another magic number just ignores
+    them. If node or Pyodide is not there, the wheel ships source only.
+    """
+    with zipfile.ZipFile(wheel) as archive:
+        entries = {info.filename: archive.read(info) for info in archive.infolist()}
+    sources = {n: b.decode() for n, b in entries.items() if n.endswith(".py")}
+    compiled = subprocess.run(
+        ["node", str(ROOT / "scripts" / "compile_pyc.mjs")],
+        input=json.dumps(sources),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if compiled.returncode != 0:
+        log(f"no bytecode in the wheel (compiling failed): {compiled.stderr.strip()[-300:]}")
+        return
+    result = json.loads(compiled.stdout)
+    tag = result["tag"]
+    for name, encoded in sorted(result["pyc"].items()):
+        folder, _, file = name.rpartition("/")
+        entries[f"{folder}/__pycache__/{file.removesuffix('.py')}.{tag}.pyc"] = base64.b64decode(
+            encoded
+        )
+    record_name = next(n for n in entries if n.endswith(".dist-info/RECORD"))
+    lines = []
+    for name, data in entries.items():
+        if name == record_name:
+            continue
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{name},sha256={digest},{len(data)}")
+    lines.append(f"{record_name},,")
+    entries[record_name] = ("\n".join(lines) + "\n").encode()
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            info = zipfile.ZipInfo(name, date_time=(2020, 2, 2, 0, 0, 0))
+            archive.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
 
 
 def read_wheel(path: Path) -> Wheel:

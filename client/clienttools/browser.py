@@ -32,7 +32,10 @@ _OPEN = 1
 
 #: Frames in a row that `onmessage` hands straight to the receiver before the socket
 #: starts batching. The sequential round trip needs 2 (an ack, then the next invoke).
-DIRECT_FRAMES = 2
+DIRECT_FRAMES = 4
+#: The direct frame after which the socket asks for a free turn (a `MessageChannel`
+#: message) to learn that the page is idle again: once per round trip, not per frame.
+TURN_AFTER = 2
 
 
 class BrowserSocket:
@@ -53,11 +56,14 @@ class BrowserSocket:
         self._connector = connector
         self._incoming: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._proxies: list[Any] = []
-        self._receiver: Callable[[str | bytes], None] | None = None
+        self._receiver: Callable[[str | bytes, bool], None] | None = None
         self._backlog: list[str | bytes] = []
         self._direct = 0  # frames handed over directly since the page last had a free turn
         self._turn_posted = False
         self._channel: Any = None
+        self._post_message: Any = None  # the channel's port2.postMessage, looked up once
+        self._ws_send: Any = ws.send  # looked up once: a JS attribute read costs a proxy call
+        self._open = True  # False once closed, by us or the peer: no readyState read per send
         self.close_code: int | None = None
         self.close_reason = ""
         ws.binaryType = "arraybuffer"
@@ -83,31 +89,34 @@ class BrowserSocket:
             self._post_turn()
         else:
             self._direct += 1
-            self._post_turn()
-            receiver(data)
+            if self._direct >= TURN_AFTER:
+                self._post_turn()
+            receiver(data, False)
 
-    def deliver_to(self, receiver: Callable[[str | bytes], None]) -> None:
-        """From now on hand every frame to `receiver` (which must not raise), not to `receive()`.
+    def deliver_to(self, receiver: Callable[[str | bytes, bool], None]) -> None:
+        """From now on hand every frame to `receiver(frame, more)` (which must not raise).
 
-        Frames already queued go to it at once; `receive()` then only returns the close
-        (None). Called from a running event loop.
+        `more` is True for every frame of a batch but the last. Frames already queued
+        go to it at once; `receive()` then only returns the close (None). Called from a
+        running event loop.
         """
         self._channel = js.MessageChannel.new()
         self._channel.port1.onmessage = self._proxy(self._on_turn)
+        self._post_message = self._channel.port2.postMessage
         self._receiver = receiver
         queued = []
         while not self._incoming.empty():
             queued.append(self._incoming.get_nowait())
-        for data in queued:
-            if data is None:
-                self._incoming.put_nowait(None)
-            else:
-                receiver(data)
+        frames = [data for data in queued if data is not None]
+        for i, data in enumerate(frames):
+            receiver(data, i + 1 < len(frames))
+        if len(frames) < len(queued):
+            self._incoming.put_nowait(None)
 
     def _post_turn(self) -> None:
         if not self._turn_posted:
             self._turn_posted = True
-            self._channel.port2.postMessage(None)
+            self._post_message(None)
 
     def _on_turn(self, event: Any) -> None:
         """The page had a free turn: hand over the backlog; direct delivery may resume."""
@@ -118,12 +127,14 @@ class BrowserSocket:
     def _drain(self) -> None:
         while self._backlog and self._receiver is not None:
             frames, self._backlog = self._backlog, []
-            for data in frames:
+            last = len(frames) - 1
+            for i, data in enumerate(frames):
                 if self._receiver is None:
                     return
-                self._receiver(data)
+                self._receiver(data, i < last)
 
     def _on_close(self, event: Any) -> None:
+        self._open = False
         self.close_code = int(event.code)
         self.close_reason = str(event.reason)
         self._drain()  # every frame before the close
@@ -138,20 +149,27 @@ class BrowserSocket:
         self._ws.onclose = None
         self._ws.onerror = None
         self._ws.onopen = None
+        self._open = False
         self._receiver = None
         self._backlog = []
         if self._channel is not None:
             self._channel.port1.onmessage = None
             self._channel.port1.close()
             self._channel = None
+            self._post_message = None
         self._connector.release(self._proxies)
         self._proxies = []
 
     def send_nowait(self, text: str) -> None:
-        """Send at once: a browser WebSocket only queues, so this never blocks."""
-        if self._ws.readyState != _OPEN:
+        """Send at once: a browser WebSocket only queues, so this never blocks.
+
+        Raises once the socket closed. While it is closing (the peer's close frame
+        came, the close event not yet) the browser drops what is sent; a result
+        lost so waits in the outbox and is sent again after the reconnect (C11).
+        """
+        if not self._open:
             raise ConnectionError("the WebSocket is not open")
-        self._ws.send(text)
+        self._ws_send(text)
 
     async def send(self, text: str) -> None:
         self.send_nowait(text)
@@ -160,6 +178,7 @@ class BrowserSocket:
         return await self._incoming.get()
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
+        self._open = False
         if self._proxies:
             self._ws.close(code, reason)
             self._incoming.put_nowait(None)
@@ -220,6 +239,7 @@ class SessionStorageOutbox:
         self.key = f"clienttools:outbox:{url}"
         self._page_hide_proxy: Any = None
         self._storage: Any = js.sessionStorage  # one proxy, not a lookup per write
+        self._set_item: Any = self._storage.setItem
 
     def flush_on_page_hide(self, flush: Callable[[], None]) -> None:
         """Call `flush` when the page is hidden or left, so a batched save is not lost.
@@ -244,7 +264,7 @@ class SessionStorageOutbox:
         return None if value is None or value is jsnull else str(value)
 
     def save(self, text: str) -> None:
-        self._storage.setItem(self.key, text)
+        self._set_item(self.key, text)
 
 
 class ConsoleLogHandler(logging.Handler):

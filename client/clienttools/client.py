@@ -622,11 +622,15 @@ class ToolClient:
 
     # --- carrying out what the session asks --------------------------------------------
 
-    def _pump(self) -> None:
-        """Carry out the session's events, wake the writer, re-arm the timer, save the outbox.
+    def _pump(self, more: bool = False) -> None:
+        """Carry out the session's events, save the outbox, send, re-arm the timer.
 
-        Called after every input to the session. Not re-entrant: a sync tool that
-        changes the registry while it runs only queues work for the outer loop.
+        Called after every input to the session. `more` says that further frames
+        of one batch follow at once: only the events are carried out, and the last
+        frame's call writes and sends for the whole batch. The outbox is saved
+        before anything is sent, so a result is in the store before it leaves.
+        Not re-entrant: a sync tool that changes the registry while it runs only
+        queues work for the outer loop.
         """
         if self._pumping:
             return
@@ -637,12 +641,14 @@ class ToolClient:
                     self._carry_out(event)
         finally:
             self._pumping = False
+        if more:
+            return
+        if self._outbox is not None:
+            self._outbox.save_soon()
         connection = self._connection
         if connection is not None and self._session.has_frames_to_send:
             connection.flush()
         self._timer.rearm(self._session.next_deadline())
-        if self._outbox is not None:
-            self._outbox.save_soon()
 
     def _carry_out(self, event: Event) -> None:
         if isinstance(event, RunTool):

@@ -1,11 +1,12 @@
 """`Connection`: one open socket and the two tasks that serve it, between socket and `Session`.
 
 The reader feeds every frame to the session and then calls `on_input` (the
-client's pump); the writer is the only task that sends, so frames leave in
-session order. A socket that `SendsAtOnce` gets the session's frames straight
-from `flush()`, and one that `PushesFrames` hands frames over from its own
-message event: both save a turn of the event loop per invoke, which under
-Pyodide is a round through the browser's task queue (bench/README.md).
+client's pump; `on_input(True)` when more frames of a batch follow at once);
+the writer is the only task that sends, so frames leave in session order. A
+socket that `SendsAtOnce` gets the session's frames straight from `flush()`,
+and one that `PushesFrames` hands frames over from its own message event: both
+save a turn of the event loop per invoke, which under Pyodide is a round
+through the browser's task queue (bench/README.md).
 
     connection = Connection(socket, session, on_input=pump)
     connection.start()
@@ -33,7 +34,7 @@ logger = logging.getLogger("clienttools")
 class Connection:
     """One socket: its reader and writer tasks, how it ended, and the close to send."""
 
-    def __init__(self, socket: Socket, session: Session, on_input: Callable[[], None]) -> None:
+    def __init__(self, socket: Socket, session: Session, on_input: Callable[[bool], None]) -> None:
         loop = asyncio.get_running_loop()
         self.socket = socket
         self.session = session
@@ -119,19 +120,25 @@ class Connection:
                 self.socket.deliver_to(functools.partial(self._receive_frame, loop))
             while (data := await self.socket.receive()) is not None:
                 self.session.receive_frame(data, loop.time())
-                self._on_input()
+                self._on_input(False)
         except Exception:
             logger.exception("reading from the socket failed")
         finally:
             self.end(self.closed_before_ack())
 
-    def _receive_frame(self, loop: asyncio.AbstractEventLoop, data: str | bytes) -> None:
-        """One frame handed over by the socket itself (see _read): what the reader does."""
+    def _receive_frame(
+        self, loop: asyncio.AbstractEventLoop, data: str | bytes, more: bool
+    ) -> None:
+        """One frame handed over by the socket itself (see _read): what the reader does.
+
+        `more`: the socket hands over further frames of the same batch right after
+        this one, so `on_input` may hold the writes and sends until the last.
+        """
         if self.detached:
             return  # the reader task would have been cancelled by now
         try:
             self.session.receive_frame(data, loop.time())
-            self._on_input()
+            self._on_input(more)
         except Exception:
             logger.exception("reading from the socket failed")
             self.end("handling a frame failed")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic import ConfigDict, JsonValue, TypeAdapter, ValidationError
 
 from clienttools import protocol
 from clienttools.rules import (
@@ -90,7 +90,8 @@ __all__ = [  # the lifecycle table, limits and backoff live in rules.py, shared 
 
 logger = logging.getLogger("clienttools")
 
-_json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
+# Built on first use (an error with data): building it took ~70 ms of the import.
+_json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue, config=ConfigDict(defer_build=True))
 _EMPTY_OUTBOX = json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": []})
 
 
@@ -220,6 +221,9 @@ class Session:
         # requestId -> result frame text, until cf_agent_client_tool_result_ack (C11).
         self._outbox: OrderedDict[str, str] = OrderedDict()
         self._outbox_revision = 0
+        self._outbox_added = 0
+        # requestId -> (result text, its export_outbox entry): each result is encoded once.
+        self._export_cache: dict[str, tuple[str, str]] = {}
         # Set from the first result the full outbox drops until it has room again, so
         # a burst of drops logs one warning, not one per result (a console flood that
         # halved pipelined throughput in the browser; bench/README.md).
@@ -259,6 +263,11 @@ class Session:
     def outbox_revision(self) -> int:
         """Changes whenever the outbox does; the adapter persists it when this moves."""
         return self._outbox_revision
+
+    @property
+    def outbox_added(self) -> int:
+        """Counts results put in the outbox (acks do not count): stored before they are sent."""
+        return self._outbox_added
 
     @property
     def outbox_size(self) -> int:
@@ -574,6 +583,7 @@ class Session:
             else:
                 logger.debug("outbox full: dropped the unacknowledged result of %r", dropped)
         self._outbox_revision += 1
+        self._outbox_added += 1
         if self.connected:
             self._to_send.append(result)
 
@@ -586,9 +596,20 @@ class Session:
         a re-delivered invoke for one of them gets the stored result (C7).
         """
         if not self._outbox:
+            self._export_cache = {}
             return _EMPTY_OUTBOX
-        entries = [{"requestId": rid, "frame": text} for rid, text in self._outbox.items()]
-        return json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": entries})
+        # The same text as json.dumps of {"version": ..., "results": [entries]}, but each
+        # entry is encoded once, not on every write of a long outbox (pipelined invokes).
+        old, cache = self._export_cache, {}
+        for rid, text in self._outbox.items():
+            cached = old.get(rid)
+            if cached is None or cached[0] is not text:
+                entry = f'{{"requestId": {json.dumps(rid)}, "frame": {json.dumps(text)}}}'
+                cached = (text, entry)
+            cache[rid] = cached
+        self._export_cache = cache
+        entries = ", ".join(entry for _, entry in cache.values())
+        return f'{{"version": {OUTBOX_FORMAT_VERSION}, "results": [{entries}]}}'
 
     def restore_outbox(self, text: str) -> int:
         """Load what export_outbox produced; bad entries are logged and skipped. Returns a count."""

@@ -108,11 +108,13 @@ class SendsAtOnce(Protocol):
 class PushesFrames(Protocol):
     """A socket that can hand frames to a receiver from its own message event.
 
-    After `deliver_to(receiver)`, every frame goes to `receiver` (which must not
-    raise) and `receive()` only returns the close (None).
+    After `deliver_to(receiver)`, every frame goes to `receiver(frame, more)`
+    (which must not raise) and `receive()` only returns the close (None). `more`
+    is True when the socket hands over the next frame right after this one (a
+    batch): the receiver may hold its output until the batch's last frame.
     """
 
-    def deliver_to(self, receiver: Callable[[str | bytes], None]) -> None: ...
+    def deliver_to(self, receiver: Callable[[str | bytes, bool], None]) -> None: ...
 
 
 class Connector(Protocol):
