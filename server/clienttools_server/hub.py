@@ -64,6 +64,7 @@ from .routing import (
     PROGRESS,
     REGISTERED,
     SETTLED,
+    UNREGISTERED,
     Peers,
     tools_json,
 )
@@ -238,6 +239,8 @@ class Hub:
             await sleep(self.clock, period)
             try:
                 live = self.ledger.keep_alive(self.clock.now())
+                if self.peers is not None:
+                    self.peers.refresh()
                 self.browser.targets_lost(live)
                 self.renew_now()
                 self.take_over_now()
@@ -373,10 +376,12 @@ class Hub:
     def detach(self, client: Client) -> None:
         if self.connections.get(client.id) is client:
             del self.connections[client.id]
-        if self.bus is not None and client.registration:
+        if self.peers is not None and client.registration:
+            self.peers.forget(client.session)
             try:
                 # First: whoever re-delivers this connection's calls must not find it.
                 self.ledger.unregister(client.id)
+                self.ledger.notify(None, UNREGISTERED, client.session)
             except LedgerUnavailable as exc:
                 # Its row stays until a relayed invoke finds the connection gone.
                 logger.warning("could not unregister %s: %s", client.id, exc)
@@ -423,10 +428,11 @@ class Hub:
                 accepted[spec.name] = spec
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
-        if self.bus is not None:
+        if self.peers is not None:
             order = self.ledger.register(
                 client.id, client.session, frame.client_id, tools_json(accepted)
             )
+            self.peers.forget(client.session)
         else:
             order = next(self._registrations)
         client.set_tools(frame.client_id, accepted, order)
@@ -489,8 +495,9 @@ class Hub:
         bus.on(PROGRESS, self._on_progress)
         bus.on(GONE, self._on_gone)
         bus.on(REGISTERED, self._on_registered)
+        bus.on(UNREGISTERED, self._on_unregistered)
         bus.on(EXPIRED, self._on_expired)
-        bus.on_reconnect(self.browser.resync)
+        bus.on_reconnect(self._on_reconnect)
 
     def _on_invoke(self, sender: str, args: tuple[str, ...]) -> None:
         connection_id, request_id, tool_call_id, timeout_ms, attempt = args
@@ -512,7 +519,7 @@ class Hub:
             timeout_ms=int(timeout_ms) or None,
             attempt=int(attempt),
         )
-        self.browser.relay_invoke(sender, client, frame)
+        self.browser.relay_invoke(sender, client, step, frame)
 
     def _on_cancel(self, sender: str, args: tuple[str, ...]) -> None:
         connection_id, request_id, reason = args
@@ -535,12 +542,30 @@ class Hub:
 
     def _on_gone(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, connection_id = args
+        entry = self.browser.pending.get(request_id)
+        if entry is not None:
+            self._forget(entry.session)  # the connection may be one we still had
         self.browser.gone_elsewhere(sender, request_id, connection_id)
 
     def _on_registered(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
             (session,) = args
+            self._forget(session)
             self.browser.registered_elsewhere(session)
+
+    def _on_unregistered(self, sender: str, args: tuple[str, ...]) -> None:
+        if sender != self.ledger.owner:
+            (session,) = args
+            self._forget(session)
+
+    def _forget(self, session: str) -> None:
+        if self.peers is not None:
+            self.peers.forget(session)
+
+    def _on_reconnect(self) -> None:
+        if self.peers is not None:
+            self.peers.refresh()
+        self.browser.resync()
 
     def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:

@@ -178,6 +178,8 @@ class Relay:
     owner: str
     peer: Peer
     client_id: str | None
+    # The step as read for the invoke; the ledger's settle decides, not its state.
+    step: Step
     last_progress: float | None = None
 
 
@@ -781,9 +783,11 @@ class BrowserTools:
 
     # -- relaying for runs on other processes --------------------------------------------
 
-    def relay_invoke(self, owner: str, peer: Peer, frame: InvokeFrame) -> None:
+    def relay_invoke(self, owner: str, peer: Peer, step: Step, frame: InvokeFrame) -> None:
         """Send a run's invoke (its process is ``owner``) to ``peer``, a connection here."""
-        self.relayed[frame.request_id] = Relay(frame.request_id, owner, peer, peer.client_id)
+        self.relayed[frame.request_id] = Relay(
+            frame.request_id, owner, peer, peer.client_id, step
+        )
         peer.send(frame)
 
     def relay_cancel(self, request_id: str, reason: CancelReason, peer: Peer | None) -> None:
@@ -807,9 +811,7 @@ class BrowserTools:
         ):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
         del self.relayed[frame.request_id]
-        step = self.ledger.step_by_request_id(frame.request_id)
-        if step is None:
-            return _ack(frame.request_id, "stale", "no such call")
+        step = relay.step
         applied = self.apply(step, _settlement(frame), by_page=True)
         # Whatever the ledger decided (applied, settled before, refused and settled
         # as invalid_output), the owner reads the step: a pending one it ignores.

@@ -24,7 +24,9 @@ Notification kinds of the routing (``ledger.notify``; args are strings):
 - ``gone`` to the run's owner: request id, connection. The invoke's
   connection closed: S4 (re-deliver, or fail).
 - ``registered`` to all: session. Each delivers the session's waiting calls
-  (S4 wait; S2 picks the newest).
+  (S4 wait; S2 picks the newest), and reads its registrations again.
+- ``unregistered`` to all: session. A connection of it closed: each reads its
+  registrations again.
 - ``expired`` to all: execution ids. Each releases their calls and approvals.
 
     peers = Peers(ledger, local_connection)
@@ -52,8 +54,8 @@ logger = logging.getLogger(__name__)
 # change under one order, so parsing them once per process is enough.
 MAX_PARSED = 4_096
 # Notification kinds (see the table above).
-INVOKE, CANCEL, SETTLED, PROGRESS, GONE, REGISTERED, EXPIRED = (
-    "invoke", "cancel", "settled", "progress", "gone", "registered", "expired",
+INVOKE, CANCEL, SETTLED, PROGRESS, GONE, REGISTERED, UNREGISTERED, EXPIRED = (
+    "invoke", "cancel", "settled", "progress", "gone", "registered", "unregistered", "expired",
 )  # fmt: skip
 # Expired execution ids per notification: well under PostgreSQL's 8,000-byte payload.
 EXPIRED_PER_NOTIFICATION = 100
@@ -126,6 +128,20 @@ class Peers:
         self._local = local
         self._now = now
         self._parsed: OrderedDict[tuple[str, int], dict[str, ToolSpec]] = OrderedDict()
+        # The registrations of each session as last read: a browser call reads none
+        # (the ledger's round trips block the event loop). Forgotten when a process
+        # says the session's registrations changed, and all at each heartbeat.
+        # (A process that died meanwhile is found out at the heartbeat: its calls
+        # are delivered again, from registrations read again.)
+        self._cache: dict[str, list[Registration]] = {}
+
+    def forget(self, session: str) -> None:
+        """The session's registrations changed (here, or a process said so)."""
+        self._cache.pop(session, None)
+
+    def refresh(self) -> None:
+        """At each heartbeat: read every session's registrations again."""
+        self._cache.clear()
 
     def tools_of(self, registration: Registration) -> dict[str, ToolSpec]:
         key = (registration.connection_id, registration.order)
@@ -150,8 +166,12 @@ class Peers:
 
         One of this process's connections counts only while it is open here.
         """
+        registrations = self._cache.get(session)
+        if registrations is None:
+            registrations = self.ledger.registrations(session, self._now())
+            self._cache[session] = registrations
         found: list[tuple[Registration, Mapping[str, ToolSpec]]] = []
-        for registration in self.ledger.registrations(session, self._now()):
+        for registration in registrations:
             if registration.process_id == self.ledger.owner:
                 tools = self._local(registration.connection_id)
                 if tools is not None:
