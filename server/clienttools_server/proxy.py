@@ -785,9 +785,7 @@ class BrowserTools:
 
     def relay_invoke(self, owner: str, peer: Peer, step: Step, frame: InvokeFrame) -> None:
         """Send a run's invoke (its process is ``owner``) to ``peer``, a connection here."""
-        self.relayed[frame.request_id] = Relay(
-            frame.request_id, owner, peer, peer.client_id, step
-        )
+        self.relayed[frame.request_id] = Relay(frame.request_id, owner, peer, peer.client_id, step)
         peer.send(frame)
 
     def relay_cancel(self, request_id: str, reason: CancelReason, peer: Peer | None) -> None:
