@@ -509,8 +509,15 @@ class Hub:
             self.ledger.notify(sender, GONE, request_id, connection_id)
             return
         step = self.ledger.step_by_request_id(request_id)
-        if step is None or step.state != "pending":
-            return  # settled meanwhile: nothing to run
+        if step is None:
+            return
+        if step.state != "pending":
+            # Settled meanwhile (the page's result reached us for the run's previous
+            # owner, say): nothing to run, but the run must wake.
+            self.ledger.notify(
+                sender, SETTLED, request_id, step.execution_id, str(step.seq), "page"
+            )
+            return
         frame = InvokeFrame(
             request_id=request_id,
             tool_call_id=tool_call_id,
@@ -563,9 +570,19 @@ class Hub:
             self.peers.forget(session)
 
     def _on_reconnect(self) -> None:
+        """Notifications were lost while the bus was away: resync both sides from the rows.
+
+        As the run's process: re-read the steps of our calls, deliver what waits.
+        As the pages' process: a call whose last invoke went to one of our
+        connections but that we never relayed had its invoke lost; its run's
+        process delivers it again once told the invoke's connection does not have it.
+        """
         if self.peers is not None:
             self.peers.refresh()
         self.browser.resync()
+        for request_id, connection_id, owner in self.ledger.delivered_to(list(self.connections)):
+            if request_id not in self.browser.relayed and owner not in (None, self.ledger.owner):
+                self.ledger.notify(owner, GONE, request_id, connection_id)
 
     def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:

@@ -520,6 +520,10 @@ class Ledger(Protocol):
         """Is the connection registered on a live process?"""
         ...
 
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        """(request id, connection, run's owner) of each pending call last invoked on one."""
+        ...
+
     def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
 
     def get_execution(self, execution_id: str) -> Execution | None: ...
@@ -834,6 +838,9 @@ class SqliteLedger:
 
     def registered(self, connection_id: str, now: float) -> bool:
         return connection_id in self._registrations
+
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        return []  # one process knows where its invokes went: nothing is recorded
 
     # the bus: one process, nobody to tell
 

@@ -584,6 +584,22 @@ class PostgresLedger:
             for connection_id, name, process_id, order, client_id, tools_json in rows
         ]
 
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        if not connection_ids:
+            return []
+        rows = self._read(
+            "SELECT s.request_id, s.target_connection, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'client' "
+            "AND s.target_connection = ANY(%s) AND e.status IN ('running', 'paused')",
+            (list(connection_ids),),
+        )
+        return [
+            (_unescape(str(request_id)), str(connection), None if owner is None else str(owner))
+            for request_id, connection, owner in rows
+            if request_id is not None
+        ]
+
     def registered(self, connection_id: str, now: float) -> bool:
         rows = self._read(
             f"SELECT 1 FROM registrations AS r WHERE r.connection_id = %s AND {_LIVE_PROCESS}",

@@ -808,9 +808,11 @@ class BrowserTools:
             )
         ):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        del self.relayed[frame.request_id]
         step = relay.step
         applied = self.apply(step, _settlement(frame), by_page=True)
+        # Only once the ledger answered: if it could not (LedgerUnavailable), the
+        # socket closes with 1013 and its close tells the owner, as for any call.
+        self.relayed.pop(frame.request_id, None)
         # Whatever the ledger decided (applied, settled before, refused and settled
         # as invalid_output), the owner reads the step: a pending one it ignores.
         self._tell_owner(relay.owner, step, "page")

@@ -1117,3 +1117,18 @@ def test_an_attempt_records_where_its_invoke_went(postgres: PostgresServer) -> N
         assert (again.attempts, again.target_connection, again.target_client_id) == (
             2, "c2", "p\x00",
         )  # fmt: skip
+
+
+def test_the_pending_calls_last_invoked_on_a_connection(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution_id, _ = _tool_step(ledger)
+        ledger.record_step(execution_id, 1, "tool", "t", "{}", "client", T0, "req-1")
+        ledger.record_step(execution_id, 2, "tool", "t", "{}", "client", T0, "req-2")
+        ledger.add_attempt(execution_id, 1, T0, target_connection="c1", target_client_id="p")
+        ledger.add_attempt(execution_id, 2, T0, target_connection="c2", target_client_id="p")
+        assert ledger.delivered_to(["c1", "c9"]) == [("req-1", "c1", ledger.owner)]
+        ledger.resolve(execution_id, 1, "1", T0)
+        assert ledger.delivered_to(["c1", "c2"]) == [("req-2", "c2", ledger.owner)]
+        assert ledger.delivered_to([]) == []
+    with SqliteLedger(":memory:") as sqlite:
+        assert sqlite.delivered_to(["c1"]) == []

@@ -344,3 +344,36 @@ async def test_a_resolve_over_http_on_a_third_process_wakes_the_run(
         await chat.close()
     [output] = response.of_type("tool-output-available")
     assert output["output"] == {"n": 6, "sq": 36}
+
+
+async def test_a_routed_call_outlives_a_restart_of_postgresql(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The database goes away while the page on B runs the tool of a run on A, and comes
+    back: the buses reconnect and resync, the result reaches the ledger, the run ends."""
+    url = postgres.fresh_url()
+    async with processes(url, tmp_path, "a", "b") as (a, b):
+        page = await Page.open(b.ws_url("db"))
+        try:
+            chat = await ChatPeer.open(a.ws_url("db"))
+            request_id = await chat.browser.start_chat(
+                prompt_for("db", [8], ms=lambda n: 2000), "db1"
+            )
+            await wait_until(lambda: ("db", 8) in page.running, 20.0, "the tool to run")
+            postgres.stop()
+            try:
+                # The tool finishes while the database is away: the result waits in
+                # the page's outbox (its socket closed with 1013, C11 sends it again).
+                await wait_until(lambda: ("db", 8) in page.finished, 20.0, "the tool to end")
+                await asyncio.sleep(1.0)
+            finally:
+                postgres.start_again()
+            response = await chat.response(request_id, timeout=60.0)
+            await page.settle(timeout=60.0)
+            await chat.close()
+        finally:
+            await page.close()
+        logs = (tmp_path / "server-a.log").read_text() + (tmp_path / "server-b.log").read_text()
+    assert [o for _, o in transcript_of(response).outcomes] == [{"n": 8, "sq": 64}]
+    assert page.executions == Counter({("db", 8): 1})
+    assert logs.count("bus: listening again") == 2
