@@ -536,7 +536,7 @@ class Hub:
 
     def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, execution_id, seq, how = args
-        if how == "outside":
+        if how == "outside" and request_id:
             self.browser.remember_superseded(request_id)
         if sender == self.ledger.owner:
             return  # settled here: woken already

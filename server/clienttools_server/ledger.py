@@ -496,7 +496,7 @@ class Ledger(Protocol):
     def keep_alive(self, now: float) -> frozenset[str]:
         """Mark this process alive until ``now`` + the lease; the ids of the live processes.
 
-        Registrations of processes dead for longer than a lease are deleted.
+        Processes dead for ten leases are forgotten, with their registrations.
         """
         ...
 

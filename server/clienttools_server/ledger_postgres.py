@@ -92,6 +92,9 @@ SCHEMA_VERSION = 4
 DEFAULT_TIMEOUT = 2.0
 AWAY_TIMEOUT = 0.1
 
+# A process dead for this many leases is forgotten, with its registrations.
+FORGET_DEAD_AFTER_LEASES = 10
+
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
 
@@ -529,8 +532,10 @@ class PostgresLedger:
 
     def keep_alive(self, now: float) -> frozenset[str]:
         # One statement: this process's row renewed, the registrations (and rows) of
-        # processes dead for a lease or longer deleted, and who is alive now.
-        seconds = self._leases.seconds
+        # processes dead for long deleted, and who is alive now. Not at once: a
+        # process that was only stalled (SIGSTOP, a long pause) and comes back
+        # finds its registrations there again, counted once its row is renewed.
+        seconds = self._leases.seconds * FORGET_DEAD_AFTER_LEASES
         rows = self._write_one(
             "WITH me AS (INSERT INTO processes (id, alive_until) VALUES (%s, %s) "
             "ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until), "
@@ -538,7 +543,7 @@ class PostgresLedger:
             "unregistered AS (DELETE FROM registrations WHERE process_id IN "
             "(SELECT id FROM dead)) "
             "SELECT id FROM processes WHERE alive_until >= %s AND id <> %s",
-            (self.owner, now + seconds, now - seconds, self.owner, now, self.owner),
+            (self.owner, now + self._leases.seconds, now - seconds, self.owner, now, self.owner),
         )
         return frozenset({self.owner, *(str(row[0]) for row in rows)})
 

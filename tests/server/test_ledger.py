@@ -1099,8 +1099,11 @@ def test_the_registrations_of_a_dead_process_do_not_count(postgres: PostgresServ
         assert not b.registered("on-a", later) and b.registered("on-b", later)
         # A process counts its own registrations whatever its row says.
         assert [r.connection_id for r in a.registrations("s", later)] == ["on-a", "on-b"]
-        # Dead for a whole lease more: its rows are deleted.
-        b.keep_alive(later + lease + 1)
+        # Back from a stall (SIGSTOP): its registrations count again.
+        a.keep_alive(later)
+        assert [r.connection_id for r in b.registrations("s", later)] == ["on-a", "on-b"]
+        # Then dead for ten leases (past its renewal to later + lease): its rows go.
+        b.keep_alive(later + 11 * lease + 1)
         with psycopg.connect(url) as raw:
             assert raw.execute("SELECT connection_id FROM registrations").fetchall() == [("on-b",)]
             assert raw.execute("SELECT id FROM processes").fetchall() == [(b.owner,)]
