@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections import Counter
@@ -377,3 +378,37 @@ async def test_a_routed_call_outlives_a_restart_of_postgresql(
     assert [o for _, o in transcript_of(response).outcomes] == [{"n": 8, "sq": 64}]
     assert page.executions == Counter({("db", 8): 1})
     assert logs.count("bus: listening again") == 2
+
+
+async def test_the_runs_of_a_killed_owner_complete_with_their_pages_elsewhere(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A dies while its runs' calls run on a page on B; the page answers B before anyone
+    owns the runs again (B's word to A is lost). The process that takes them over
+    finds the results in the ledger and goes on; each tool ran once."""
+    url = postgres.fresh_url()
+    async with processes(url, tmp_path, "a", "b", "c") as (a, b, _c):
+        page = await Page.open(b.ws_url("o"))
+        try:
+            chat = await ChatPeer.open(a.ws_url("o"))
+            for i in range(3):
+                await chat.browser.start_chat(prompt_for(f"o{i}", [i], ms=lambda n: 1000), f"o{i}")
+            await wait_until(lambda: len(page.running) == 3, 20.0, "the tools to run")
+            await asyncio.to_thread(a.kill)
+            with PostgresLedger(url) as reader:
+                await wait_until(
+                    lambda: all(e.status == "completed" for e in reader.executions()),
+                    30.0,
+                    "every run to complete elsewhere",
+                )
+                runs = reader.executions()
+                steps = [reader.steps(run.id) for run in runs]
+            await page.settle()
+        finally:
+            await page.close()
+    assert len(runs) == 3 and all(run.generation == 2 for run in runs)
+    for run_steps in steps:
+        [tool] = [s for s in run_steps if s.kind == "tool"]
+        n = json.loads(tool.input_json)["n"]
+        assert tool.state == "applied" and tool.result() == {"n": n, "sq": n * n}
+    assert page.executions == Counter({(f"o{i}", i): 1 for i in range(3)})
