@@ -412,3 +412,40 @@ async def test_the_runs_of_a_killed_owner_complete_with_their_pages_elsewhere(
         n = json.loads(tool.input_json)["n"]
         assert tool.state == "applied" and tool.result() == {"n": n, "sq": n * n}
     assert page.executions == Counter({(f"o{i}", i): 1 for i in range(3)})
+
+
+async def test_with_policy_fail_a_closed_page_on_another_process_fails_the_call(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.fresh_url()
+    policy = ("--disconnect-policy", "fail")
+    async with processes(url, tmp_path, "a", "b", args=policy) as (a, b):
+        page = await fake_page(b.ws_url("f"))
+        chat = await ChatPeer.open(a.ws_url("f"))
+        request_id = await chat.browser.start_chat(prompt_for("f", [1]), "f1")
+        await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        await page.close()
+        response = await chat.response(request_id, timeout=30.0)
+        await chat.close()
+    [error] = response.of_type("tool-output-error")
+    assert error["errorText"].startswith("disconnected")
+
+
+async def test_a_dead_pages_process_is_noticed_at_the_heartbeat(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """B dies with the invoke and nobody comes back: once B's row lapsed (the lease),
+    A's heartbeat treats the call as disconnected (here: policy fail)."""
+    url = postgres.fresh_url()
+    policy = ("--disconnect-policy", "fail")
+    async with processes(url, tmp_path, "a", "b", args=policy) as (a, b):
+        page = await fake_page(b.ws_url("d"))
+        chat = await ChatPeer.open(a.ws_url("d"))
+        request_id = await chat.browser.start_chat(prompt_for("d", [1]), "d1")
+        await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        await asyncio.to_thread(b.kill)
+        response = await chat.response(request_id, timeout=30.0)
+        await page.close()
+        await chat.close()
+    [error] = response.of_type("tool-output-error")
+    assert error["errorText"].startswith("disconnected")
