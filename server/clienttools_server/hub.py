@@ -137,7 +137,7 @@ class Hub:
         self.browser = BrowserTools(
             ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
         )
-        self.approvals = Approvals(ledger, clock)
+        self.approvals = Approvals(ledger, clock, shared=bus is not None)
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None

@@ -524,6 +524,14 @@ class Ledger(Protocol):
         """(request id, connection, run's owner) of each pending call last invoked on one."""
         ...
 
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        """Record the tool call id a pending approval step is answered by."""
+        ...
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
+        ...
+
     def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
 
     def get_execution(self, execution_id: str) -> Execution | None: ...
@@ -841,6 +849,12 @@ class SqliteLedger:
 
     def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
         return []  # one process knows where its invokes went: nothing is recorded
+
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        pass  # one process: the approval waits in its memory, by tool call id
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        return None
 
     # the bus: one process, nobody to tell
 

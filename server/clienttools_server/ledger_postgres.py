@@ -172,6 +172,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX registrations_by_process ON registrations (process_id)",
         'ALTER TABLE steps ADD COLUMN target_connection TEXT COLLATE "C"',
         'ALTER TABLE steps ADD COLUMN target_client_id TEXT COLLATE "C"',
+        # An approval's tool call id: a chat on any process answers it by that id.
+        'ALTER TABLE steps ADD COLUMN tool_call_id TEXT COLLATE "C"',
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -604,6 +606,27 @@ class PostgresLedger:
             for request_id, connection, owner in rows
             if request_id is not None
         ]
+
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        self._write_one(
+            "UPDATE steps SET tool_call_id = %s WHERE execution_id = %s AND seq = %s "
+            "AND resolution = 'approval' RETURNING 1",
+            (_escape(tool_call_id), _escape(execution_id), seq),
+        )
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
+        rows = self._read(
+            f"SELECT {columns}, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'approval' AND s.tool_call_id = %s "
+            "AND e.session = %s AND e.status IN ('running', 'paused') LIMIT 1",
+            (_escape(tool_call_id), _escape(session)),
+        )
+        if not rows:
+            return None
+        *step, owner = rows[0]
+        return _step_from_row(step), None if owner is None else str(owner)
 
     def registered(self, connection_id: str, now: float) -> bool:
         rows = self._read(

@@ -449,3 +449,38 @@ async def test_a_dead_pages_process_is_noticed_at_the_heartbeat(
         await chat.close()
     [error] = response.of_type("tool-output-error")
     assert error["errorText"].startswith("disconnected")
+
+
+async def test_an_approval_answered_on_another_process_lets_the_call_run(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.fresh_url()
+    guarded = {"name": "guarded", "inputSchema": {"type": "object"}, "needsApproval": True}
+
+    async def seven(_: Any) -> int:
+        return 7
+
+    async with processes(url, tmp_path, "a", "b", "c") as (a, b, c):
+        page = await FakeBrowser.connect(b.ws_url("ap"), ChunkCollector())
+        await page.register([guarded], handlers={"guarded": seven})
+        chat = await ChatPeer.open(a.ws_url("ap"))
+        request_id = await chat.browser.start_chat("call guarded {}", "ap1")
+        request = await chat.browser.chunk(request_id, "tool-approval-request", timeout=20.0)
+        assert not page.invokes  # nothing runs before the human says yes
+        answer = {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"]}
+        # A socket of another session cannot answer it.
+        stranger = await FakeBrowser.connect(c.ws_url("elsewhere"), ChunkCollector())
+        await stranger.send({**answer, "approved": False})
+        await stranger.expect("cf_agent_protocol_error", timeout=10.0)
+        # The answer comes from a socket of the session on a third process.
+        other = await FakeBrowser.connect(c.ws_url("ap"), ChunkCollector())
+        await other.send({**answer, "approved": True})
+        response = await chat.response(request_id, timeout=30.0)
+        await other.send({**answer, "approved": True})  # nobody waits for it any more
+        error = await other.expect("cf_agent_protocol_error", timeout=10.0)
+        for peer in (page, other, stranger):
+            await peer.close()
+        await chat.close()
+    assert response.text == "guarded -> 7"
+    assert len(page.invokes) == 1
+    assert "no approval is pending" in error["message"]
