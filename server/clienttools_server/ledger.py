@@ -437,6 +437,20 @@ class Leases:
 class Ledger(Protocol):
     """What the runtime calls; :class:`SqliteLedger` implements it."""
 
+    @property
+    def owner(self) -> str:
+        """This instance's process id, drawn when it opens: the owner of the runs it holds."""
+        ...
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        """Tell process ``process_id`` (None: every process) that rows changed; ids only.
+
+        Inside :meth:`batch` it is part of the transaction (delivered after the
+        commit). A store with one process (SQLite) needs none: callers take the
+        local path for this process, and asking it to reach another raises.
+        """
+        ...
+
     def take_over(self, now: float) -> list[Execution]:
         """Take every unfinished execution whose lease lapsed; they are this instance's now.
 
@@ -727,6 +741,18 @@ class SqliteLedger:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+    # the bus: one process, nobody to tell
+
+    @property
+    def owner(self) -> str:
+        return self._leases.owner
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        if process_id is not None and process_id != self._leases.owner:
+            raise RuntimeError(
+                f"a SQLite ledger has one process; it cannot notify process {process_id}"
+            )
 
     # leases
 

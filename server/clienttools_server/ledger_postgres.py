@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import threading
 import uuid
 from collections.abc import Collection, Iterator, Sequence
@@ -54,6 +55,7 @@ from typing import Any, Literal
 import psycopg
 import psycopg_pool
 
+from .cluster import encode
 from .ledger import (
     DEFAULT_LEASE,
     FINISHED_STATUSES,
@@ -270,6 +272,8 @@ class PostgresLedger:
         lease: float = DEFAULT_LEASE,
     ) -> None:
         self._leases = Leases(lease)
+        self._conninfo = conninfo
+        self._namespace = ""  # set once connected: the channels' prefix for this schema
         self._timeout = timeout
         self._away = False  # the last call found the database unreachable
         self._local = threading.local()
@@ -295,6 +299,8 @@ class PostgresLedger:
         try:
             self._pool.open(wait=True, timeout=timeout)
             self._migrate()
+            [(database, schema)] = self._read("SELECT current_database(), current_schema()")
+            self._namespace = _namespace(str(database), str(schema))
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
             raise LedgerUnavailable(
@@ -458,6 +464,30 @@ class PostgresLedger:
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+    # the bus (clienttools_server.cluster)
+
+    @property
+    def owner(self) -> str:
+        """This instance's process id: the owner it writes into the runs it holds."""
+        return self._leases.owner
+
+    @property
+    def conninfo(self) -> str:
+        return self._conninfo
+
+    def channel(self, process_id: str | None) -> str:
+        """The LISTEN channel of one process (None: of every process) in this schema."""
+        return f"ct_{self._namespace}_{'all' if process_id is None else process_id}"
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        """Tell one process (None: every process, this one included) that rows changed.
+
+        Ids only (the rows carry the data). Inside :meth:`batch` it is part of
+        the transaction: delivered after the commit, or never if it rolls back.
+        """
+        payload = encode(self.owner, kind, args)
+        self._write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
 
     # leases
 
@@ -800,6 +830,11 @@ class PostgresLedger:
             self._check_lease(execution_id, held)
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(rows[0][0])
+
+
+def _namespace(database: str, schema: str) -> str:
+    """A short tag of the ledger's database and schema: channel names stay within 63 bytes."""
+    return hashlib.sha256(f"{database}\x00{schema}".encode()).hexdigest()[:12]
 
 
 def _by_age(execution: Execution) -> tuple[float, str]:
