@@ -19,7 +19,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import JsonValue
 from pydantic_ai import Agent
@@ -49,12 +49,16 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, LedgerUnavailable, Outcome, Step
+from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .remembered import RememberedTools
 from .runs import Run, RunRequest
 from .server_tools import ServerTool, ServerToolset
-from .stream import ChunkLog, FinishedResponses
+from .stream import Chunk, ChunkLog, FinishedResponses
+
+if TYPE_CHECKING:
+    from .cluster import Bus
+    from .shared_stream import SharedStreams
 
 logger = logging.getLogger(__name__)
 
@@ -122,17 +126,37 @@ class Hub:
         self._lease_task: asyncio.Task[None] | None = None
         self.remembered = RememberedTools()
         self.finished = FinishedResponses(config.resume_grace, clock.now)
+        # With a shared ledger: the bus, and the chat streams across processes.
+        self.bus: Bus | None = None
+        self.shared: SharedStreams | None = None
+        self._bus_task: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
         """Expire what outlived its TTL, take over and resume unfinished runs whose lease
         lapsed (S8), start the expiry clock and the lease's heartbeat."""
+        if hasattr(self.ledger, "statement"):  # a ledger shared by several processes
+            self._share()
         self.expire_now()
         self.prune_now()
         self.take_over_now()
         self._expiry_task = asyncio.create_task(self._expire_periodically())
         self._lease_task = asyncio.create_task(self._keep_leases())
+
+    def _share(self) -> None:
+        # Imported here: psycopg is needed only by servers that use PostgreSQL.
+        from .cluster import Bus
+        from .shared_stream import SharedStreams
+
+        ledger: Any = self.ledger
+        self.bus = Bus(ledger)
+        self.shared = SharedStreams(
+            ledger, self.bus, self.clock, grace=self.config.resume_grace,
+            poll=self.config.lease, abort_run=self._abort_run,
+        )  # fmt: skip
+        self.shared.start()
+        self._bus_task = asyncio.create_task(self.bus.start())
 
     async def close(self) -> None:
         """Stop every task; unfinished runs stay resumable in the ledger.
@@ -150,6 +174,13 @@ class Hub:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._expiry_task = self._lease_task = None
+        if self.shared is not None:
+            await self.shared.close()
+        if self._bus_task is not None:
+            self._bus_task.cancel()
+            await asyncio.gather(self._bus_task, return_exceptions=True)
+        if self.bus is not None:
+            await self.bus.close()
 
     # -- run ownership (leases) -------------------------------------------------------
 
@@ -225,6 +256,8 @@ class Hub:
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self.finished.prune()
+        if self.shared is not None:
+            self.shared.prune(self.clock.now())
         pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
@@ -251,6 +284,7 @@ class Hub:
             "timers": self.browser.timer_count,
             "approvals": len(self.approvals.waiting),
             "active_responses": sum(len(s.logs) for s in self.sessions.values()),
+            "followed_responses": len(self.shared.followers) if self.shared is not None else 0,
             "sessions": len(self.sessions),
         }
 
@@ -334,6 +368,8 @@ class Hub:
             session.clients.remove(client)
         for log in session.logs.values():
             log.drop_owner(client.id)
+        if self.shared is not None:
+            self.shared.drop_owner(client.id)
         self.browser.on_disconnect(client)
         self._forget_if_idle(session)
 
@@ -414,8 +450,16 @@ class Hub:
         request = RunRequest(frame.id, list(frame.messages))
         try:
             execution = self.ledger.start_execution(
-                client.session, request.to_json(), self.clock.now()
+                client.session, request.to_json(), self.clock.now(), chat_id=frame.id
             )
+        except ChatBusy:  # it streams on another process
+            client.send(
+                ErrorFrame(
+                    request_id=frame.request_id,
+                    error_text="a response is already streaming for this chat",
+                )
+            )
+            return
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -434,7 +478,10 @@ class Hub:
         *,
         fresh: bool = False,
     ) -> None:
-        log = log if log is not None else ChunkLog(request.chat_id)
+        if log is None:
+            log = self._resumed_log(execution_id, request.chat_id)
+        elif self.shared is not None:
+            self.shared.publish(execution_id, log)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
@@ -447,23 +494,41 @@ class Hub:
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
+    def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
+        """The log of a run resumed here: on a shared ledger it goes on from the chunks
+        published by the process that had it, so pages keep their sequence numbers."""
+        if self.shared is None:
+            return ChunkLog(chat_id)
+        published: list[Chunk] = []
+        ended = False
+        try:
+            published, ended = self.shared.published(execution_id)
+        except LedgerUnavailable as exc:
+            logger.warning("run %s: its response so far could not be read: %s", execution_id, exc)
+            ended = True  # publish nothing: it would number the response again from 0
+        log = ChunkLog(chat_id, published)
+        self.shared.publish(execution_id, log, ended=ended, taken=True)
+        return log
+
     async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
         try:
             await run.execute()
         finally:
-            self.ledger.release(run.execution_id)
-            self.runs.pop(run.execution_id, None)
-            session = self.sessions.get(session_name)
-            if session is not None:
-                if session.logs.get(log.chat_id) is log:
-                    del session.logs[log.chat_id]
-                self._forget_if_idle(session)
-            # At shutdown the response is not over: the page resumes it from
-            # the restarted server instead of seeing it end. Nor is it when
-            # another process took the run over: it goes on there.
-            if (not self._closing or run.aborted) and not run.lost:
-                log.finish()
-                self.finished.keep(session_name, log)
+            try:
+                self.runs.pop(run.execution_id, None)
+                session = self.sessions.get(session_name)
+                if session is not None:
+                    if session.logs.get(log.chat_id) is log:
+                        del session.logs[log.chat_id]
+                    self._forget_if_idle(session)
+                # At shutdown the response is not over: the page resumes it from
+                # the restarted server instead of seeing it end. Nor is it when
+                # another process took the run over: it goes on there.
+                if (not self._closing or run.aborted) and not run.lost:
+                    log.finish()  # while the lease is held: its end is written fenced
+                    self.finished.keep(session_name, log)
+            finally:
+                self.ledger.release(run.execution_id)
 
     def resume(self, client: Client, frame: ResumeFrame) -> None:
         """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
@@ -477,6 +542,11 @@ class Hub:
         """
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
+        if log is None and self.shared is not None:
+            # Not streaming here: the shared record knows where it streams (or
+            # streamed: it keeps the ended ones for the grace too).
+            self.shared.resume(client, frame)
+            return
         if log is None and frame.last_sequence is not None:
             log = self.finished.get(client.session, frame.id)
         if log is None:
@@ -490,6 +560,17 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+        if self.shared is not None:
+            self.shared.abort(client, frame)  # a response followed here, run elsewhere
+
+    def _abort_run(self, execution_id: str) -> bool:
+        """Abort a run of this process (a page aborted it on another one); False if none."""
+        active = self.runs.get(execution_id)
+        if active is None or active.run.lost:
+            return False
+        active.run.aborted = True
+        active.task.cancel()
+        return True
 
     def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
         return self.browser.on_result(client, frame)
