@@ -153,7 +153,7 @@ class Hub:
         self.bus = Bus(ledger)
         self.shared = SharedStreams(
             ledger, self.bus, self.clock, grace=self.config.resume_grace,
-            poll=self.config.lease, abort_run=self._abort_run,
+            poll=self.config.lease, abort_run=self.abort_run, lease_lost=self.lease_lost,
         )  # fmt: skip
         self.shared.start()
         self._bus_task = asyncio.create_task(self.bus.start())
@@ -563,7 +563,7 @@ class Hub:
         if self.shared is not None:
             self.shared.abort(client, frame)  # a response followed here, run elsewhere
 
-    def _abort_run(self, execution_id: str) -> bool:
+    def abort_run(self, execution_id: str) -> bool:
         """Abort a run of this process (a page aborted it on another one); False if none."""
         active = self.runs.get(execution_id)
         if active is None or active.run.lost:

@@ -8,8 +8,9 @@ with no JSON after the last chunk: the response ended), so that any other
 process can serve a page's ``resume``:
 
 - **The owner** (:class:`Publisher`) writes the chunks in batches: one
-  ``INSERT`` a little after a chunk (``FLUSH_DELAY``, so a burst is one
-  statement), and at once at the end. The insert is fenced by the lease's
+  ``INSERT`` a little after a chunk (``FLUSH_DELAY`` while another process
+  follows the response, ``UNFOLLOWED_FLUSH_DELAY`` while none does; a burst
+  is one statement), and at once at the end. The insert is fenced by the lease's
   generation (a process that lost the run writes nothing) and skips rows that
   exist (a retried batch). In the same statement it notifies (``chunks``) the
   processes that follow the response: those that told it so (``follow``).
@@ -18,11 +19,12 @@ process can serve a page's ``resume``:
   ``log.subscribe(...)`` as a local resume: so the page gets ``start``, the
   chunks after its ``lastSequence``, and then each new chunk with the owner's
   sequence, and ``end``. It reads on each notification, on the bus's
-  reconnect (notifications may have been lost) and every ``poll`` seconds,
-  which also finds a new owner after a take-over, and tells it ``follow``.
+  reconnect (notifications may have been lost) and every ``poll`` seconds
+  (a safety net), and tells each new owner it finds ``follow``.
 - **A take-over**: the new owner seeds the run's ChunkLog with the chunks
   published so far (:meth:`SharedStreams.published`), so the replayed run
-  continues the numbering the pages saw instead of starting over.
+  continues the numbering the pages saw instead of starting over, and tells
+  every process (``chunks``), so their followers find the new owner at once.
 - **abort** on a follower's process reaches the owner (``abort-run``); a
   ``send`` for a chat with an unfinished execution is refused by the ledger
   (:class:`~clienttools_server.ledger.ChatBusy`).
@@ -31,7 +33,8 @@ Rows go once the response finished more than the resume grace ago (from the
 expiry loop), or with their execution. On SQLite (one process) none of this
 runs: the hub serves every resume from memory.
 
-    streams = SharedStreams(ledger, bus, clock, grace=300.0, poll=1.0, abort_run=hub_abort)
+    streams = SharedStreams(ledger, bus, clock, grace=300.0, poll=10.0,
+                            abort_run=hub.abort_run, lease_lost=hub.lease_lost)
     streams.start()
     streams.publish(execution_id, log)                      # the owner, at launch
     streams.resume(client, frame)                           # a page's resume, no local log
@@ -63,8 +66,13 @@ FOLLOW = "follow-chunks"  # to the owner: tell me when its chunks grow
 ABORT = "abort-run"  # to the owner: a page aborted the response on another process
 
 # Seconds the owner waits after a chunk before it writes it, with those that
-# follow it in the meantime: a model streams its deltas in bursts.
+# follow it in the meantime: a model streams its deltas in bursts. Short while
+# another process follows the response (its page waits for them); long while
+# none does, when the rows are there for a page that may resume elsewhere later
+# (and for the process that takes the run over), and a chat that ends sooner
+# costs one statement: the one at its end.
 FLUSH_DELAY = 0.02
+UNFOLLOWED_FLUSH_DELAY = 0.5
 # Seconds before a write that met an unreachable database is tried again.
 RETRY_DELAY = 1.0
 
@@ -222,7 +230,8 @@ class Publisher:
         if chunk is None:
             self.flush()
         elif self._timer is None:
-            self._timer = self.streams.clock.call_later(FLUSH_DELAY, self.flush)
+            delay = FLUSH_DELAY if self.followers else UNFOLLOWED_FLUSH_DELAY
+            self._timer = self.streams.clock.call_later(delay, self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -234,6 +243,7 @@ class Publisher:
             self.streams.store.append(self.execution_id, self.pending, sorted(self.followers))
         except LeaseLost:
             self._stop()  # the new owner writes the rest
+            self.streams.lease_lost(self.execution_id)  # and the run stops here
             return
         except LedgerUnavailable as exc:
             logger.warning("response of run %s: %s; writing it again soon", self.execution_id, exc)
@@ -320,6 +330,7 @@ class SharedStreams:
         grace: float,
         poll: float,
         abort_run: Callable[[str], bool],
+        lease_lost: Callable[[str], None],
     ) -> None:
         self.ledger = ledger
         self.store = ChunkStore(ledger)
@@ -327,6 +338,8 @@ class SharedStreams:
         self.grace = grace
         self.poll = poll
         self._abort_run = abort_run
+        # The ledger raises LeaseLost once per run: whoever meets it tells the hub.
+        self.lease_lost = lease_lost
         self.publishers: dict[str, Publisher] = {}
         self.followers: dict[str, Follower] = {}
         self._poller: asyncio.Task[None] | None = None
