@@ -527,6 +527,9 @@ class Hub:
                 if (not self._closing or run.aborted) and not run.lost:
                     log.finish()  # while the lease is held: its end is written fenced
                     self.finished.keep(session_name, log)
+                elif run.lost and self.shared is not None and log.request_ids:
+                    # Its chat sockets here go on with the new owner's record.
+                    self.shared.follow(run.execution_id, session_name, log)
             finally:
                 self.ledger.release(run.execution_id)
 

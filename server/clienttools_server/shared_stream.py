@@ -242,7 +242,7 @@ class Publisher:
         try:
             self.streams.store.append(self.execution_id, self.pending, sorted(self.followers))
         except LeaseLost:
-            self._stop()  # the new owner writes the rest
+            self.stop()  # the new owner writes the rest
             self.streams.lease_lost(self.execution_id)  # and the run stops here
             return
         except LedgerUnavailable as exc:
@@ -257,9 +257,9 @@ class Publisher:
         self.pending = []
         self.streams.flushed(self.execution_id)
         if ended:
-            self._stop()
+            self.stop()
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
         self.done = True
         self.pending = []
         if self._timer is not None:
@@ -272,12 +272,14 @@ class Publisher:
 class Follower:
     """A response streaming on another process, mirrored from the table into a ChunkLog."""
 
-    def __init__(self, streams: SharedStreams, head: Head, session: str, chat_id: str) -> None:
+    def __init__(
+        self, streams: SharedStreams, execution_id: str, session: str, log: ChunkLog
+    ) -> None:
         self.streams = streams
-        self.execution_id = head.execution_id
+        self.execution_id = execution_id
         self.session = session
         self.owner: str | None = None
-        self.log = ChunkLog(chat_id)
+        self.log = log
         # The execution was finished at the last read and no end was there.
         self._finished_unended = False
 
@@ -359,7 +361,7 @@ class SharedStreams:
             self._poller = None
         for publisher in list(self.publishers.values()):
             publisher.flush()
-            publisher._stop()
+            publisher.stop()
 
     # -- the owner ------------------------------------------------------------------
 
@@ -431,12 +433,27 @@ class SharedStreams:
             return
         follower = self.followers.get(head.execution_id)
         if follower is None:
-            follower = Follower(self, head, client.session, frame.id)
-            self.followers[head.execution_id] = follower
-            self._refresh(follower)
+            follower = self.follow(head.execution_id, client.session, ChunkLog(frame.id))
         follower.log.subscribe(frame.request_id, client.id, client.send, after=frame.last_sequence)
         if follower.log.finished:
             self.forget(follower)
+
+    def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
+        """Mirror the run's published chunks into ``log`` from its end on.
+
+        A fresh log, or the log of a run this process lost to another one (its
+        lease lapsed): the chat sockets that followed it here keep following,
+        now from the new owner's record.
+        """
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            publisher.stop()  # the lost run's: the new owner writes the record now
+        log.tap = None
+        log.end_replay()
+        follower = Follower(self, execution_id, session, log)
+        self.followers[execution_id] = follower
+        self._refresh(follower)
+        return follower
 
     def abort(self, client: Peer, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""

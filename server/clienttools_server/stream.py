@@ -81,6 +81,10 @@ class ChunkLog:
             return
         self._subscribers[request_id] = Subscriber(request_id, owner, send, first - 1)
 
+    def end_replay(self) -> None:
+        """Take every chunk appended from now on as a new one (a log that mirrors another's)."""
+        self._unreplayed.clear()
+
     def unsubscribe(self, request_id: str) -> None:
         self._subscribers.pop(request_id, None)
 

@@ -395,3 +395,42 @@ async def test_a_replay_keeps_the_numbering_the_pages_saw(
     assert output_of(whole, 3) < output_of(whole, 2) < output_of(whole, 1)  # type: ignore[operator]
     assert from_c.final["type"] == "end"
     assert page.executions == {1: 1, 2: 1, 3: 1}
+
+
+async def test_a_chat_on_a_process_that_lost_the_run_follows_the_new_owner(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.fresh_url()
+    gate = asyncio.Event()
+    async with (
+        processes(url, tmp_path, stale=LEASE, new=LEASE) as (stale, new),
+        FaultProxy("127.0.0.1", stale.port) as proxy,
+    ):
+        assert stale.process is not None
+        base = await undisturbed(new, prompt_for("p", [5]))
+        page = await GatedPage.open(proxy.url("/agents/chat/s"), gate)
+        try:
+            chat = await ChatPeer.open(stale.ws_url("s"))
+            request_id = await chat.browser.start_chat(prompt_for("p", [5]), "c1")
+            await wait_until(lambda: ("p", 5) in page.running, TIMEOUT, "the tool to run")
+            with reader(url) as ledger:
+                # Paused past its lease: the other process takes the run over.
+                os.kill(stale.process.pid, signal.SIGSTOP)
+                proxy.upstream_port = new.port
+                proxy.cut_all()
+                await wait_until(
+                    lambda: run_of(ledger, "c1").generation == 2, TIMEOUT, "the take-over"
+                )
+            os.kill(stale.process.pid, signal.SIGCONT)
+            log = tmp_path / "server-stale.log"
+            await wait_until(lambda: "lease lost" in log.read_text(), TIMEOUT, "the stale one")
+            gate.set()
+            # The chat socket on the stale process gets the rest of the response.
+            response = await chat.response(request_id)
+            await chat.close()
+        finally:
+            await page.close()
+    assert response.final["type"] == "end"
+    assert normalized(response.chunks) == normalized(base.chunks)
+    assert not chat.violations
+    assert page.executions == {("p", 5): 1}
