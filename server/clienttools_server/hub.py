@@ -440,12 +440,7 @@ class Hub:
     def start_run(self, client: Client, frame: SendFrame) -> None:
         session = self._session(client.session)
         if frame.id in session.logs:
-            client.send(
-                ErrorFrame(
-                    request_id=frame.request_id,
-                    error_text="a response is already streaming for this chat",
-                )
-            )
+            client.send(_busy(frame))
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
@@ -453,12 +448,7 @@ class Hub:
                 client.session, request.to_json(), self.clock.now(), chat_id=frame.id
             )
         except ChatBusy:  # it streams on another process
-            client.send(
-                ErrorFrame(
-                    request_id=frame.request_id,
-                    error_text="a response is already streaming for this chat",
-                )
-            )
+            client.send(_busy(frame))
             return
         except ValueError:
             client.send(
@@ -613,6 +603,12 @@ class SessionTools:
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self._approvals.wait(self.session, step, call)
+
+
+def _busy(frame: SendFrame) -> ErrorFrame:
+    return ErrorFrame(
+        request_id=frame.request_id, error_text="a response is already streaming for this chat"
+    )
 
 
 def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:

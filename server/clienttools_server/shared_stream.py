@@ -280,8 +280,6 @@ class Follower:
         self.session = session
         self.owner: str | None = None
         self.log = log
-        # The execution was finished at the last read and no end was there.
-        self._finished_unended = False
 
     @property
     def next_seq(self) -> int:
@@ -307,13 +305,12 @@ class Follower:
             # A run of this process tells this follower itself (SharedStreams.flushed).
             if head.owner not in (None, self.streams.ledger.owner) and not head.finished:
                 self.streams.tell(head.owner, FOLLOW, self.execution_id)
-        if head.finished:
-            # The owner writes the end right after the status: a response finished
-            # twice in a row with no end written has an owner that died in between.
-            if self._finished_unended and not rows:
-                self._end()
-                return
-            self._finished_unended = True
+        # The owner writes the end right after the status, and tries again while
+        # the database is away: a run finished for longer than a poll with no end
+        # written had an owner that died in between.
+        stale = self.streams.clock.now() - head.updated_at > self.streams.poll
+        if head.finished and not rows and stale:
+            self._end()
 
     def _end(self) -> None:
         self.log.finish()
