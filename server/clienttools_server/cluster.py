@@ -35,10 +35,10 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import psycopg
-from psycopg import sql
+if TYPE_CHECKING:  # imported when listening: a SQLite server needs no psycopg
+    import psycopg
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class Bus:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _listen(self) -> None:
+        import psycopg
+        from psycopg import sql
+
         delays = backoff()
         while True:
             try:
