@@ -701,7 +701,8 @@ def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresSer
     with PostgresLedger(url) as ledger:
         execution_id, seq = _tool_step(ledger)
     with psycopg.connect(url) as raw:
-        for column in ("owner", "generation", "lease_until"):
+        raw.execute("DROP TABLE chunks")
+        for column in ("owner", "generation", "lease_until", "chat_id"):
             raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
         for column in ("target_connection", "target_client_id", "tool_call_id"):
