@@ -25,7 +25,9 @@ socket, ``fsync=off``), each figure on a fresh schema.
    with no sticky sessions does), chats one after another, two parallel calls
    each: chats/s and browser calls/s, and how busy each process was (CPU
    seconds per second of wall time: 1.0 is one core), PostgreSQL and the load
-   generator too, so the report says what limits it.
+   generator too, so the report says what limits it. Beside them, 3 processes
+   with each session's page and chat on one process (a sticky balancer): what
+   routing between processes costs at full load.
 
 Within each run the set-ups alternate in order; ratios are taken within a run,
 and the report gives median [min..max] over runs.
@@ -344,25 +346,36 @@ def latency_run(
     return out
 
 
+#: Figure 2's set-ups: (name, processes, placement of a session's page and chat).
+SETUPS = (
+    ("1_processes", 1, "random"),
+    ("2_processes", 2, "random"),
+    ("3_processes", 3, "random"),
+    ("3_sticky", 3, "sticky"),
+)
+
+
 def throughput_run(
     postgres: PostgresServer, settings: Settings, run: int, directory: Path
 ) -> dict[str, dict[str, Any]]:
-    """Figure 2: 1, 2 and 3 processes, pages and chats placed at random."""
+    """Figure 2: 1, 2 and 3 processes, pages and chats placed at random; and 3 with
+    every session's page and chat on one process (a sticky balancer), for comparison."""
     out: dict[str, dict[str, Any]] = {}
-    counts = [1, 2, 3][run % 3 :] + [1, 2, 3][: run % 3]
-    for count in counts:
+    for name, count, placement in SETUPS[run % len(SETUPS) :] + SETUPS[: run % len(SETUPS)]:
         rng = random.Random(settings.seed + run)
         with Servers(postgres, count, directory) as servers:
             pairs = []
             for i in range(settings.clients):
-                session = f"tp-{count}-{run}-{i}"
-                page, chat = rng.randrange(count), rng.randrange(count)
+                session = f"tp-{name}-{run}-{i}"
+                if placement == "sticky":
+                    page = chat = i % count
+                else:
+                    page, chat = rng.randrange(count), rng.randrange(count)
                 pairs.append((servers.url(page, session), servers.url(chat, session)))
-            name = f"{count}_processes"
             out[name] = run_load(servers, pairs, settings.chats_per_client, settings.calls_per_chat)
             across = sum(p.split("/agents")[0] != c.split("/agents")[0] for p, c in pairs)
             out[name]["sessions_across"] = across / len(pairs)
-            _progress(f"run {run + 1}: {count} processes: {_brief(out[name])}")
+            _progress(f"run {run + 1}: {name}: {_brief(out[name])}")
     return out
 
 
@@ -405,8 +418,7 @@ def summarize(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "ratio": _summary(ratios) if ratios else None,
         }
     throughput: dict[str, Any] = {}
-    for count in (1, 2, 3):
-        name = f"{count}_processes"
+    for name, _, _ in SETUPS:
         results = [r[name] for r in runs]
         base = [r["1_processes"]["chats_per_s"] for r in runs]
         throughput[name] = {
@@ -451,19 +463,20 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"2. Throughput: {settings['clients']} clients at once (a page and a chat socket "
-        f"each, placed at random), {settings['chats_per_client']} chats each, "
-        f"{settings['calls_per_chat']} calls a chat. Busy = CPU seconds per wall second "
-        "(1.00 = one core):",
+        f"each, placed at random; sticky: both on one process), "
+        f"{settings['chats_per_client']} chats each, {settings['calls_per_chat']} calls a "
+        "chat. Busy = CPU seconds per wall second (1.00 = one core):",
         "",
         "| processes | chats/s | browser calls/s | against 1 | chat p50 (ms) | chat p99 (ms) "
         "| server CPU per call (ms) | PostgreSQL CPU per call (ms) | busiest process "
         "| all processes | PostgreSQL | load generator | sessions across |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for count in (1, 2, 3):
-        t = results["summary"]["throughput"][f"{count}_processes"]
+    for name, count, placement in SETUPS:
+        t = results["summary"]["throughput"][name]
+        where = "" if placement == "random" else f", {placement}"
         lines.append(
-            f"| {count} | {_fmt(t['chats_per_s'], 1)} | {_fmt(t['calls_per_s'], 1)} "
+            f"| {count}{where} | {_fmt(t['chats_per_s'], 1)} | {_fmt(t['calls_per_s'], 1)} "
             f"| {_fmt(t['against_1'])} | {_fmt(t['chat_p50_ms'], 1)} | {_fmt(t['chat_p99_ms'], 1)} "
             f"| {_fmt(t['server_cpu_per_call_ms'])} | {_fmt(t['database_cpu_per_call_ms'])} "
             f"| {_fmt(t['busiest_server'])} | {_fmt(t['servers_busy'])} "
