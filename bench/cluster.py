@@ -41,6 +41,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -547,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parsed = parser.parse_args(args)
+    # Stopped from outside: unwind, so the servers and the PostgreSQL it started go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = QUICK if parsed.quick else Settings()
     if parsed.runs is not None:
         settings = replace(settings, runs=parsed.runs)
