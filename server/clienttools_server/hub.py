@@ -52,7 +52,7 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, LedgerUnavailable, Outcome, Step
+from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .remembered import RememberedTools
 from .routing import (
@@ -70,10 +70,11 @@ from .routing import (
 )
 from .runs import Run, RunRequest
 from .server_tools import ServerTool, ServerToolset
-from .stream import ChunkLog, FinishedResponses
+from .stream import Chunk, ChunkLog, FinishedResponses
 
 if TYPE_CHECKING:
     from .cluster import Bus
+    from .shared_stream import SharedStreams
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class Hub:
         self.browser = BrowserTools(
             ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
         )
-        self.approvals = Approvals(ledger, clock)
+        self.approvals = Approvals(ledger, clock, shared=bus is not None)
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
@@ -152,6 +153,15 @@ class Hub:
         if bus is not None:
             self.peers = Peers(ledger, self._local_tools, clock.now)
             self._listen(bus)
+        # The chat streams across processes (shared_stream.py), on the bus too.
+        self.shared: SharedStreams | None = None
+        if bus is not None:
+            from .shared_stream import SharedStreams  # psycopg: only with a shared ledger
+
+            self.shared = SharedStreams(
+                cast(Any, ledger), bus, clock, grace=config.resume_grace, poll=config.lease,
+                abort_run=self.abort_run, lease_lost=self.lease_lost,
+            )  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -164,6 +174,8 @@ class Hub:
         self.take_over_now()
         self._expiry_task = asyncio.create_task(self._expire_periodically())
         self._lease_task = asyncio.create_task(self._keep_leases())
+        if self.shared is not None:
+            self.shared.start()
 
     async def close(self) -> None:
         """Stop every task; unfinished runs stay resumable in the ledger.
@@ -181,6 +193,8 @@ class Hub:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._expiry_task = self._lease_task = None
+        if self.shared is not None:
+            await self.shared.close()
 
     # -- run ownership (leases) -------------------------------------------------------
 
@@ -264,6 +278,8 @@ class Hub:
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self.finished.prune()
+        if self.shared is not None:
+            self.shared.prune(self.clock.now())
         pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
@@ -291,6 +307,7 @@ class Hub:
             "approvals": len(self.approvals.waiting),
             "relayed": len(self.browser.relayed),
             "active_responses": sum(len(s.logs) for s in self.sessions.values()),
+            "followed_responses": len(self.shared.followers) if self.shared is not None else 0,
             "sessions": len(self.sessions),
         }
 
@@ -392,6 +409,8 @@ class Hub:
             session.clients.remove(client)
         for log in session.logs.values():
             log.drop_owner(client.id)
+        if self.shared is not None:
+            self.shared.drop_owner(client.id)
         self.browser.on_disconnect(client)
         self._forget_if_idle(session)
 
@@ -594,18 +613,16 @@ class Hub:
     def start_run(self, client: Client, frame: SendFrame) -> None:
         session = self._session(client.session)
         if frame.id in session.logs:
-            client.send(
-                ErrorFrame(
-                    request_id=frame.request_id,
-                    error_text="a response is already streaming for this chat",
-                )
-            )
+            client.send(_busy(frame))
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
             execution = self.ledger.start_execution(
-                client.session, request.to_json(), self.clock.now()
+                client.session, request.to_json(), self.clock.now(), chat_id=frame.id
             )
+        except ChatBusy:  # it streams on another process
+            client.send(_busy(frame))
+            return
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -624,7 +641,10 @@ class Hub:
         *,
         fresh: bool = False,
     ) -> None:
-        log = log if log is not None else ChunkLog(request.chat_id)
+        if log is None:
+            log = self._resumed_log(execution_id, request.chat_id)
+        elif self.shared is not None:
+            self.shared.publish(execution_id, log)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
@@ -637,23 +657,44 @@ class Hub:
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
+    def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
+        """The log of a run resumed here: on a shared ledger it goes on from the chunks
+        published by the process that had it, so pages keep their sequence numbers."""
+        if self.shared is None:
+            return ChunkLog(chat_id)
+        published: list[Chunk] = []
+        ended = False
+        try:
+            published, ended = self.shared.published(execution_id)
+        except LedgerUnavailable as exc:
+            logger.warning("run %s: its response so far could not be read: %s", execution_id, exc)
+            ended = True  # publish nothing: it would number the response again from 0
+        log = ChunkLog(chat_id, published)
+        self.shared.publish(execution_id, log, ended=ended, taken=True)
+        return log
+
     async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
         try:
             await run.execute()
         finally:
-            self.ledger.release(run.execution_id)
-            self.runs.pop(run.execution_id, None)
-            session = self.sessions.get(session_name)
-            if session is not None:
-                if session.logs.get(log.chat_id) is log:
-                    del session.logs[log.chat_id]
-                self._forget_if_idle(session)
-            # At shutdown the response is not over: the page resumes it from
-            # the restarted server instead of seeing it end. Nor is it when
-            # another process took the run over: it goes on there.
-            if (not self._closing or run.aborted) and not run.lost:
-                log.finish()
-                self.finished.keep(session_name, log)
+            try:
+                self.runs.pop(run.execution_id, None)
+                session = self.sessions.get(session_name)
+                if session is not None:
+                    if session.logs.get(log.chat_id) is log:
+                        del session.logs[log.chat_id]
+                    self._forget_if_idle(session)
+                # At shutdown the response is not over: the page resumes it from
+                # the restarted server instead of seeing it end. Nor is it when
+                # another process took the run over: it goes on there.
+                if (not self._closing or run.aborted) and not run.lost:
+                    log.finish()  # while the lease is held: its end is written fenced
+                    self.finished.keep(session_name, log)
+                elif run.lost and self.shared is not None and log.request_ids:
+                    # Its chat sockets here go on with the new owner's record.
+                    self.shared.follow(run.execution_id, session_name, log)
+            finally:
+                self.ledger.release(run.execution_id)
 
     def resume(self, client: Client, frame: ResumeFrame) -> None:
         """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
@@ -667,6 +708,11 @@ class Hub:
         """
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
+        if log is None and self.shared is not None:
+            # Not streaming here: the shared record knows where it streams (or
+            # streamed: it keeps the ended ones for the grace too).
+            self.shared.resume(client, frame)
+            return
         if log is None and frame.last_sequence is not None:
             log = self.finished.get(client.session, frame.id)
         if log is None:
@@ -680,6 +726,17 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+        if self.shared is not None:
+            self.shared.abort(client, frame)  # a response followed here, run elsewhere
+
+    def abort_run(self, execution_id: str) -> bool:
+        """Abort a run of this process (a page aborted it on another one); False if none."""
+        active = self.runs.get(execution_id)
+        if active is None or active.run.lost:
+            return False
+        active.run.aborted = True
+        active.task.cancel()
+        return True
 
     def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
         return self.browser.on_result(client, frame)
@@ -719,6 +776,12 @@ class SessionTools:
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self._approvals.wait(self.session, step, call)
+
+
+def _busy(frame: SendFrame) -> ErrorFrame:
+    return ErrorFrame(
+        request_id=frame.request_id, error_text="a response is already streaming for this chat"
+    )
 
 
 def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:

@@ -164,6 +164,15 @@ class LeaseLost(RuntimeError):
         )
 
 
+class ChatBusy(RuntimeError):
+    """The chat has an unfinished execution already: its response is still streaming.
+
+    Only a ledger shared by several processes raises it (one process knows its
+    own streaming responses): a second ``send`` for a chat on another process
+    is refused as it is on the one that streams it.
+    """
+
+
 class LedgerUnavailable(RuntimeError):
     """The ledger's database could not be reached; nothing of the call was written.
 
@@ -524,7 +533,21 @@ class Ledger(Protocol):
         """(request id, connection, run's owner) of each pending call last invoked on one."""
         ...
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        """Record the tool call id a pending approval step is answered by."""
+        ...
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
+        ...
+
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
+        """Start a run. ``chat_id``: the chat it answers; a shared ledger records it, so
+        another process finds the chat's response, and raises :class:`ChatBusy` while
+        an execution of the same session and chat is unfinished."""
+        ...
 
     def get_execution(self, execution_id: str) -> Execution | None: ...
 
@@ -842,6 +865,12 @@ class SqliteLedger:
     def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
         return []  # one process knows where its invokes went: nothing is recorded
 
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        pass  # one process: the approval waits in its memory, by tool call id
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        return None
+
     # the bus: one process, nobody to tell
 
     @property
@@ -906,7 +935,10 @@ class SqliteLedger:
 
     # executions
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
+        # chat_id: one process knows its streaming responses itself; not stored.
         _canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(

@@ -59,6 +59,7 @@ from .cluster import encode
 from .ledger import (
     DEFAULT_LEASE,
     FINISHED_STATUSES,
+    ChatBusy,
     Execution,
     ExecutionStatus,
     Leases,
@@ -83,7 +84,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable.
 # The wait blocks the caller's event loop (the interface is synchronous), so it is
@@ -172,6 +173,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX registrations_by_process ON registrations (process_id)",
         'ALTER TABLE steps ADD COLUMN target_connection TEXT COLLATE "C"',
         'ALTER TABLE steps ADD COLUMN target_client_id TEXT COLLATE "C"',
+        # An approval's tool call id: a chat on any process answers it by that id.
+        'ALTER TABLE steps ADD COLUMN tool_call_id TEXT COLLATE "C"',
+    ),
+    # 5: a chat's response across processes (shared_stream.py): the chat an execution
+    # answers, at most one unfinished execution per chat, and the chunks streamed so far.
+    (
+        'ALTER TABLE executions ADD COLUMN chat_id TEXT COLLATE "C"',
+        "CREATE UNIQUE INDEX executions_streaming ON executions (session, chat_id) "
+        "WHERE status IN ('running', 'paused')",
+        "CREATE INDEX executions_by_chat ON executions (session, chat_id, created_at)",
+        """
+        CREATE TABLE chunks (
+            execution_id TEXT COLLATE "C" NOT NULL
+                         REFERENCES executions (id) ON DELETE CASCADE,
+            seq          BIGINT NOT NULL CHECK (seq >= 0),
+            chunk_json   TEXT,
+            PRIMARY KEY (execution_id, seq)
+        )
+        """,
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -605,12 +625,48 @@ class PostgresLedger:
             if request_id is not None
         ]
 
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        self._write_one(
+            "UPDATE steps SET tool_call_id = %s WHERE execution_id = %s AND seq = %s "
+            "AND resolution = 'approval' RETURNING 1",
+            (_escape(tool_call_id), _escape(execution_id), seq),
+        )
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
+        rows = self._read(
+            f"SELECT {columns}, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'approval' AND s.tool_call_id = %s "
+            "AND e.session = %s AND e.status IN ('running', 'paused') LIMIT 1",
+            (_escape(tool_call_id), _escape(session)),
+        )
+        if not rows:
+            return None
+        *step, owner = rows[0]
+        return _step_from_row(step), None if owner is None else str(owner)
+
     def registered(self, connection_id: str, now: float) -> bool:
         rows = self._read(
             f"SELECT 1 FROM registrations AS r WHERE r.connection_id = %s AND {_LIVE_PROCESS}",
             (connection_id, self.owner, now),
         )
         return bool(rows)
+
+    # for the shared chunk log (shared_stream.py), whose statements are its own
+
+    def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """Run one statement that is a whole read or write by itself; its rows."""
+        return self._write_one(sql, params)
+
+    def held(self, execution_id: str) -> int | None:
+        """The generation this process holds for the execution (None: not its own);
+        :class:`~clienttools_server.ledger.LeaseLost` if it lost it."""
+        return self._held(execution_id)
+
+    def lease_lost(self, execution_id: str, held: int) -> None:
+        """Raise LeaseLost if a fenced write that changed nothing was refused by the fence."""
+        self._check_lease(execution_id, held)
 
     # leases
 
@@ -666,21 +722,29 @@ class PostgresLedger:
 
     # executions
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(
             uuid.uuid4().hex, session, "running", request_json, None, now, now,
             leases.owner, 1, now + leases.seconds,
         )  # fmt: skip
-        self._write_one(
-            f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        # The unique index on the unfinished executions of a chat decides, in the
+        # same statement: of two processes starting one chat at once, one gets it.
+        rows = self._write_one(
+            f"INSERT INTO executions ({_EXECUTION_COLUMNS}, chat_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (session, chat_id) WHERE status IN ('running', 'paused') DO NOTHING "
+            "RETURNING id",
             (
                 execution.id, _escape(session), "running", request_json, None, now, now,
-                leases.owner, 1, now + leases.seconds,
+                leases.owner, 1, now + leases.seconds, _maybe_escape(chat_id),
             ),
         )  # fmt: skip
+        if not rows:
+            raise ChatBusy(f"chat {chat_id!r} of session {session!r} has a response streaming")
         leases.hold(execution.id, 1)
         return execution
 

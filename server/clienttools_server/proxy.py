@@ -970,12 +970,16 @@ class Approvals:
     ledger: Ledger
     clock: Clock = SYSTEM_CLOCK
     waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
+    # Several processes on the ledger: the chat that answers may be on another one.
+    shared: bool = False
 
     async def wait(self, session: str, step: Step, call: ToolCall) -> None:
         key = (session, call.tool_call_id)
         wait = _ApprovalWait(
             step.execution_id, step.seq, asyncio.get_running_loop().create_future()
         )
+        if self.shared:
+            self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
         self.waiting[key] = wait
         try:
             await wait.future
@@ -987,19 +991,34 @@ class Approvals:
         """Settle an approval; a message for a protocol error when nothing waits for it."""
         wait = self.waiting.get((peer.session, frame.tool_call_id))
         if wait is None or wait.future.done():
-            return f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
+            return self._elsewhere(peer, frame)
+        self._answer(wait.execution_id, wait.seq, frame)
+        wait.future.set_result(None)
+        return None
+
+    def _answer(self, execution_id: str, seq: int, frame: ToolApprovalFrame) -> bool:
         verdict: dict[str, JsonValue] = {"approved": frame.approved}
         if frame.reason is not None:
             verdict["reason"] = frame.reason
-        outcome = self.ledger.resolve(
-            wait.execution_id, wait.seq, canonical_json(verdict), self.clock.now()
-        )
+        outcome = self.ledger.resolve(execution_id, seq, canonical_json(verdict), self.clock.now())
         if not outcome.ok:
-            self.ledger.reject(
-                wait.execution_id, wait.seq, _error_json("invalid_output", outcome.message),
+            outcome = self.ledger.reject(
+                execution_id, seq, _error_json("invalid_output", outcome.message),
                 self.clock.now(),
             )  # fmt: skip
-        wait.future.set_result(None)
+        return outcome.ok
+
+    def _elsewhere(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
+        """An approval for a run on another process: answered in the ledger, its run woken."""
+        problem = f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
+        found = self.ledger.approval_step(peer.session, frame.tool_call_id) if self.shared else None
+        if found is None:
+            return problem
+        step, owner = found
+        if not self._answer(step.execution_id, step.seq, frame):
+            return problem  # answered meanwhile
+        if owner is not None and owner != self.ledger.owner:
+            self.ledger.notify(owner, "settled", "", step.execution_id, str(step.seq), "page")
         return None
 
     def wake(self, execution_id: str, seq: int) -> bool:

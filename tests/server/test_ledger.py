@@ -701,10 +701,11 @@ def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresSer
     with PostgresLedger(url) as ledger:
         execution_id, seq = _tool_step(ledger)
     with psycopg.connect(url) as raw:
-        for column in ("owner", "generation", "lease_until"):
+        raw.execute("DROP TABLE chunks")
+        for column in ("owner", "generation", "lease_until", "chat_id"):
             raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
-        for column in ("target_connection", "target_client_id"):
+        for column in ("target_connection", "target_client_id", "tool_call_id"):
             raw.execute(f"ALTER TABLE steps DROP COLUMN {column}")
         raw.execute("DROP TABLE processes, registrations")
         raw.execute("DROP SEQUENCE registration_order")
@@ -1135,3 +1136,16 @@ def test_the_pending_calls_last_invoked_on_a_connection(postgres: PostgresServer
         assert ledger.delivered_to([]) == []
     with SqliteLedger(":memory:") as sqlite:
         assert sqlite.delivered_to(["c1"]) == []
+
+
+def test_an_approval_is_found_by_its_tool_call_id_in_its_session(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution = ledger.start_execution("s", "{}", now=T0)
+        ledger.record_step(execution.id, 0, "tool", "approval:t", "{}", "approval", T0)
+        assert ledger.approval_step("s", "call-1") is None  # not marked yet
+        ledger.mark_approval(execution.id, 0, "call-1")
+        found = ledger.approval_step("s", "call-1")
+        assert found is not None and (found[0].seq, found[1]) == (0, ledger.owner)
+        assert ledger.approval_step("other", "call-1") is None
+        ledger.resolve(execution.id, 0, '{"approved":true}', T0)
+        assert ledger.approval_step("s", "call-1") is None  # answered: pending no more

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections import Counter
@@ -377,3 +378,109 @@ async def test_a_routed_call_outlives_a_restart_of_postgresql(
     assert [o for _, o in transcript_of(response).outcomes] == [{"n": 8, "sq": 64}]
     assert page.executions == Counter({("db", 8): 1})
     assert logs.count("bus: listening again") == 2
+
+
+async def test_the_runs_of_a_killed_owner_complete_with_their_pages_elsewhere(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A dies while its runs' calls run on a page on B; the page answers B before anyone
+    owns the runs again (B's word to A is lost). The process that takes them over
+    finds the results in the ledger and goes on; each tool ran once."""
+    url = postgres.fresh_url()
+    async with processes(url, tmp_path, "a", "b", "c") as (a, b, _c):
+        page = await Page.open(b.ws_url("o"))
+        try:
+            chat = await ChatPeer.open(a.ws_url("o"))
+            for i in range(3):
+                await chat.browser.start_chat(prompt_for(f"o{i}", [i], ms=lambda n: 1000), f"o{i}")
+            await wait_until(lambda: len(page.running) == 3, 20.0, "the tools to run")
+            await asyncio.to_thread(a.kill)
+            with PostgresLedger(url) as reader:
+                await wait_until(
+                    lambda: all(e.status == "completed" for e in reader.executions()),
+                    30.0,
+                    "every run to complete elsewhere",
+                )
+                runs = reader.executions()
+                steps = [reader.steps(run.id) for run in runs]
+            await page.settle()
+        finally:
+            await page.close()
+    assert len(runs) == 3 and all(run.generation == 2 for run in runs)
+    for run_steps in steps:
+        [tool] = [s for s in run_steps if s.kind == "tool"]
+        n = json.loads(tool.input_json)["n"]
+        assert tool.state == "applied" and tool.result() == {"n": n, "sq": n * n}
+    assert page.executions == Counter({(f"o{i}", i): 1 for i in range(3)})
+
+
+async def test_with_policy_fail_a_closed_page_on_another_process_fails_the_call(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.fresh_url()
+    policy = ("--disconnect-policy", "fail")
+    async with processes(url, tmp_path, "a", "b", args=policy) as (a, b):
+        page = await fake_page(b.ws_url("f"))
+        chat = await ChatPeer.open(a.ws_url("f"))
+        request_id = await chat.browser.start_chat(prompt_for("f", [1]), "f1")
+        await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        await page.close()
+        response = await chat.response(request_id, timeout=30.0)
+        await chat.close()
+    [error] = response.of_type("tool-output-error")
+    assert error["errorText"].startswith("disconnected")
+
+
+async def test_a_dead_pages_process_is_noticed_at_the_heartbeat(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """B dies with the invoke and nobody comes back: once B's row lapsed (the lease),
+    A's heartbeat treats the call as disconnected (here: policy fail)."""
+    url = postgres.fresh_url()
+    policy = ("--disconnect-policy", "fail")
+    async with processes(url, tmp_path, "a", "b", args=policy) as (a, b):
+        page = await fake_page(b.ws_url("d"))
+        chat = await ChatPeer.open(a.ws_url("d"))
+        request_id = await chat.browser.start_chat(prompt_for("d", [1]), "d1")
+        await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        await asyncio.to_thread(b.kill)
+        response = await chat.response(request_id, timeout=30.0)
+        await page.close()
+        await chat.close()
+    [error] = response.of_type("tool-output-error")
+    assert error["errorText"].startswith("disconnected")
+
+
+async def test_an_approval_answered_on_another_process_lets_the_call_run(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.fresh_url()
+    guarded = {"name": "guarded", "inputSchema": {"type": "object"}, "needsApproval": True}
+
+    async def seven(_: Any) -> int:
+        return 7
+
+    async with processes(url, tmp_path, "a", "b", "c") as (a, b, c):
+        page = await FakeBrowser.connect(b.ws_url("ap"), ChunkCollector())
+        await page.register([guarded], handlers={"guarded": seven})
+        chat = await ChatPeer.open(a.ws_url("ap"))
+        request_id = await chat.browser.start_chat("call guarded {}", "ap1")
+        request = await chat.browser.chunk(request_id, "tool-approval-request", timeout=20.0)
+        assert not page.invokes  # nothing runs before the human says yes
+        answer = {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"]}
+        # A socket of another session cannot answer it.
+        stranger = await FakeBrowser.connect(c.ws_url("elsewhere"), ChunkCollector())
+        await stranger.send({**answer, "approved": False})
+        await stranger.expect("cf_agent_protocol_error", timeout=10.0)
+        # The answer comes from a socket of the session on a third process.
+        other = await FakeBrowser.connect(c.ws_url("ap"), ChunkCollector())
+        await other.send({**answer, "approved": True})
+        response = await chat.response(request_id, timeout=30.0)
+        await other.send({**answer, "approved": True})  # nobody waits for it any more
+        error = await other.expect("cf_agent_protocol_error", timeout=10.0)
+        for peer in (page, other, stranger):
+            await peer.close()
+        await chat.close()
+    assert response.text == "guarded -> 7"
+    assert len(page.invokes) == 1
+    assert "no approval is pending" in error["message"]
