@@ -436,21 +436,23 @@ class SharedStreams:
             self.forget(follower)
 
     def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
-        """Mirror the run's published chunks into ``log`` from its end on.
-
-        A fresh log, or the log of a run this process lost to another one (its
-        lease lapsed): the chat sockets that followed it here keep following,
-        now from the new owner's record.
-        """
-        publisher = self.publishers.get(execution_id)
-        if publisher is not None:
-            publisher.stop()  # the lost run's: the new owner writes the record now
-        log.tap = None
-        log.end_replay()
+        """Mirror the run's published chunks into a fresh ``log``, from its end on."""
         follower = Follower(self, execution_id, session, log)
         self.followers[execution_id] = follower
         self._refresh(follower)
         return follower
+
+    def lost(self, execution_id: str, session: str, log: ChunkLog) -> None:
+        """This process lost the run to another one (its lease lapsed): the new owner
+        writes the record now, and the chat sockets that followed the run's log here
+        keep following it, from the new owner's record."""
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            publisher.stop()
+        log.tap = None
+        if log.request_ids:
+            log.end_replay()
+            self.follow(execution_id, session, log)
 
     def abort(self, client: Peer, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""

@@ -23,8 +23,10 @@ from typing import Any
 
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
+from clienttools_server.app import running_server
+from clienttools_server.config import ServerConfig
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
-from tests.server.server_harness import Response
+from tests.server.server_harness import Response, settled
 from tests.server.test_leases import AGENT, GatedPage, reader, run_of
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
@@ -464,3 +466,26 @@ async def test_no_socket_of_a_session_needs_the_process_of_its_run(
     assert normalized(whole) == normalized(base.chunks)
     assert not on_c.violations
     assert page.executions == {("t", 1): 1, ("t", 2): 1}
+
+
+async def test_an_ended_response_leaves_no_writer_or_follower_behind(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    config = ServerConfig(port=0, db=url, log_level="warning")
+    gate = asyncio.Event()
+    gate.set()
+    async with running_server(config) as owner, running_server(config) as other:
+        page = await GatedPage.open(owner.ws_url("s"), gate)
+        try:
+            chat = await ChatPeer.open(owner.ws_url("s"))
+            response = await chat.browser.chat(PROMPT, "c1", TIMEOUT)
+            elsewhere = await ChatPeer.open(other.ws_url("s"))
+            tail = await elsewhere.response(await resume(elsewhere, "c1", 0))
+            await chat.close()
+            await elsewhere.close()
+        finally:
+            await page.close()
+        await settled(owner.hub)
+        await settled(other.hub)
+    assert tail.chunks == response.chunks[1:]
