@@ -28,7 +28,7 @@ from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, prompt_for
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
 
 AGENT = "tests.server.lease_agents:counted"
@@ -86,16 +86,8 @@ async def processes(
         )
         for name in names
     ]
-    try:
-        for server in servers:  # one after the other: each starts beside the live ones
-            await asyncio.to_thread(server.start)
+    async with running(servers):
         yield servers
-    finally:
-        for server in servers:
-            if server.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server.process.pid, signal.SIGCONT)
-        await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
 
 
 @contextlib.contextmanager

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +25,7 @@ from tests.server.server_harness import ChunkCollector, FakeBrowser
 from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
 from tests.support.postgres import PostgresServer
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
 
 WORK_SPEC: dict[str, Any] = {
@@ -52,16 +50,8 @@ async def processes(
         )
         for name in names
     ]
-    try:
-        for server in servers:
-            await asyncio.to_thread(server.start)
+    async with running(servers):
         yield servers
-    finally:
-        for server in servers:
-            if server.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server.process.pid, signal.SIGCONT)
-        await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
 
 
 class ProgressPage:

@@ -30,7 +30,7 @@ from tests.server.server_harness import Response, settled
 from tests.server.test_leases import AGENT, GatedPage, reader, run_of
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
 
 LEASE = 2.0
@@ -52,16 +52,8 @@ async def processes(
         )
         for name, lease in leases.items()
     ]
-    try:
-        for server in servers:
-            await asyncio.to_thread(server.start)
+    async with running(servers):
         yield servers
-    finally:
-        for server in servers:
-            if server.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server.process.pid, signal.SIGCONT)
-        await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
 
 
 async def resume(chat: ChatPeer, chat_id: str, last_sequence: int | None = None) -> str:

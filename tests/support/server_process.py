@@ -7,17 +7,23 @@ server.kill()                   # SIGKILL, as a crash would
 server.start("--ttl", "1")      # same port and arguments, plus these for this start
 server.stop()
 
+    async with running(servers):    # several at once, stopped (and woken if paused) at the end
+        ...
+
 ``module`` runs another entry point with the same flags (tests.support.clocked_server).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +107,19 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait(timeout=10)
             self.process = None
+
+
+@contextlib.asynccontextmanager
+async def running(servers: list[ServerProcess]) -> AsyncIterator[list[ServerProcess]]:
+    """Start ``servers`` one after the other (each starts beside the live ones); at the end
+    wake any the test paused (SIGCONT) and stop them all."""
+    try:
+        for server in servers:
+            await asyncio.to_thread(server.start)
+        yield servers
+    finally:
+        for server in servers:
+            if server.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server.process.pid, signal.SIGCONT)
+        await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
