@@ -479,6 +479,26 @@ def json_size(value: object) -> int:
     return text_size(_ENCODER.encode(value))
 
 
+def tools_frame_text(client_id: str, wire_specs: list[dict[str, Any]]) -> str:
+    """The text of a `cf_agent_client_tools` frame, from specs already in their wire form.
+
+    Equal to `dump_frame(ClientToolsFrame(client_id=..., tools=specs))` for the same
+    specs (`ToolSpec.model_dump(mode="json", by_alias=True, exclude_none=True)`), without
+    building the two models: a page sends this frame first, so its cost is start-up time.
+    A client id the model refuses goes through the model, which says why.
+    """
+    if not (isinstance(client_id, str) and 1 <= len(client_id) <= 256):
+        specs = [ToolSpec.model_validate(spec, by_alias=True) for spec in wire_specs]
+        return dump_frame(ClientToolsFrame(client_id=client_id, tools=specs))
+    frame = {
+        "type": "cf_agent_client_tools",
+        "protocol": PROTOCOL_VERSION,
+        "clientId": client_id,
+        "tools": wire_specs,
+    }
+    return _ENCODER.encode(frame)
+
+
 def result_frame_text(request_id: str, output_json: str) -> str:
     """The text of a result frame with an `output`, from the output's JSON text.
 

@@ -375,7 +375,9 @@ def _finish_input_schema(schema: dict[str, Any]) -> dict[str, JsonValue]:
 # silently into null; 'constants' keeps them as floats so the JSON check in
 # `Tool.dump_output` can refuse them.
 _NAN_KEEPING: Final = ConfigDict(ser_json_inf_nan="constants")
-_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_NAN_KEEPING)
+# Built on first use (a tool without a return annotation): not on every page's start-up.
+_ANY_OUTPUT_CONFIG: Final = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
+_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_ANY_OUTPUT_CONFIG)
 _UNVALIDATED_RETURNS: Final = (Any, object)
 _EMPTY: Final = inspect.Parameter.empty
 
@@ -573,14 +575,15 @@ class Tool:
         "_fields",
         "_input_model",
         "_output",
+        "_spec",
         "_validate_output",
         "description",
         "function",
         "is_async",
         "name",
         "needs_approval",
-        "spec",
         "timeout",
+        "wire_spec",
     )
 
     name: str
@@ -589,7 +592,8 @@ class Tool:
     is_async: bool
     timeout: float | None
     needs_approval: bool
-    spec: protocol.ToolSpec
+    #: The spec as the tools frame carries it (camelCase keys, absent fields left out).
+    wire_spec: dict[str, Any]
 
     def __init__(
         self,
@@ -638,21 +642,47 @@ class Tool:
         self._fields = schema.fields
         self._output = schema.output_adapter
         self._validate_output = schema.validate_output
-        self.spec = protocol.ToolSpec(
-            name=tool_name,
-            description=self.description,
-            input_schema=schema.input_schema,
-            output_schema=schema.output_schema,
-            needs_approval=needs_approval,
-            timeout_ms=None if timeout is None else max(1, round(timeout * 1000)),
-        )
-        size = protocol.json_size(self.spec.model_dump(mode="json", by_alias=True))
+        timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+        self._spec: protocol.ToolSpec | None = None
+        if isinstance(self.description, str) and type(needs_approval) is bool:
+            # What ToolSpec would dump, written directly: building the ToolSpec model
+            # (its validator and serializer) was a tenth of a page's start-up, and the
+            # tools frame needs only this (`spec` builds the model on first use).
+            wire: dict[str, Any] = {
+                "name": tool_name,
+                "description": self.description,
+                "inputSchema": schema.input_schema,
+            }
+            if schema.output_schema is not None:
+                wire["outputSchema"] = schema.output_schema
+            wire["needsApproval"] = needs_approval
+            if timeout_ms is not None:
+                wire["timeoutMs"] = timeout_ms
+            self.wire_spec = wire
+        else:  # a value ToolSpec refuses: let it say so, as it always did
+            self._spec = protocol.ToolSpec(
+                name=tool_name,
+                description=self.description,
+                input_schema=schema.input_schema,
+                output_schema=schema.output_schema,
+                needs_approval=needs_approval,
+                timeout_ms=timeout_ms,
+            )
+            self.wire_spec = self._spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        size = protocol.json_size(self.wire_spec)
         if size > protocol.MAX_TOOL_SPEC_BYTES:
             raise ValueError(
                 f"tool {tool_name!r}: its spec is {size} bytes, over the "
                 f"{protocol.MAX_TOOL_SPEC_BYTES}-byte limit servers accept; shorten the "
                 f"docstring or simplify the parameter types"
             )
+
+    @property
+    def spec(self) -> protocol.ToolSpec:
+        """The tool's `ToolSpec` (the wire model of `wire_spec`), built on first use."""
+        if self._spec is None:
+            self._spec = protocol.ToolSpec.model_validate(self.wire_spec, by_alias=True)
+        return self._spec
 
     @property
     def input_model(self) -> type[BaseModel]:
@@ -886,6 +916,10 @@ class ToolRegistry:
     def specs(self) -> list[protocol.ToolSpec]:
         """The specs of every tool, in registration order (the `tools` of the frame)."""
         return [tool.spec for tool in self._tools.values()]
+
+    def wire_specs(self) -> list[dict[str, Any]]:
+        """`specs()` as the tools frame carries them, without building the models."""
+        return [tool.wire_spec for tool in self._tools.values()]
 
     def on_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback()` after every add and remove; returns an unsubscribe function.

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal, NotRequired, Optional
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, Field, JsonValue, field_validator
+from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validator
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from clienttools import protocol
@@ -418,6 +418,34 @@ def test_spec_frame_round_trips() -> None:
     again = protocol.parse_client_frame(protocol.dump_frame(frame))
     assert isinstance(again, protocol.ClientToolsFrame)
     assert again.tools == registry.specs()
+
+
+def test_tools_frame_text_is_the_models_dump() -> None:
+    registry = ToolRegistry()
+    for fn in SAMPLES:
+        registry.add(fn)
+    registry.add(primitives, name="with-options", description="Ünïcode ✓", timeout=2.5)
+    registry.add(primitives, name="approved", needs_approval=True, timeout=0.0001)
+    for tool in registry:
+        assert tool.wire_spec == spec_json(tool)
+    expected = protocol.dump_frame(
+        protocol.ClientToolsFrame(client_id="page-1", tools=registry.specs())
+    )
+    assert protocol.tools_frame_text("page-1", registry.wire_specs()) == expected
+
+
+def test_tools_frame_text_refuses_what_the_model_refuses() -> None:
+    specs = [make_tool(primitives).wire_spec]
+    for client_id in ("", "x" * 257):
+        with pytest.raises(ValidationError, match=r"client_id|clientId"):
+            protocol.tools_frame_text(client_id, specs)
+    assert json.loads(protocol.tools_frame_text("x" * 256, specs))["clientId"] == "x" * 256
+
+
+@pytest.mark.parametrize("options", [{"description": 3}, {"needs_approval": 1}])
+def test_a_spec_value_the_model_refuses_fails_at_registration(options: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        make_tool(primitives, **options)
 
 
 def test_oversize_spec_is_refused() -> None:
