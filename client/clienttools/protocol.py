@@ -11,7 +11,9 @@ the wire.
     '{"type":"cf_agent_pong","t":1.0}'
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: with it, pydantic compiles and evaluates
+# every field's annotation string when the model class is made, which was a fifth of
+# the SDK's import in a page (bench/README.md). The forward reference below is quoted.
 
 import json
 import re
@@ -135,7 +137,7 @@ class ToolResultFrame(WireModel):
     error: ToolErrorInfo | None = None
 
     @model_validator(mode="after")
-    def _exactly_one_of_output_or_error(self) -> ToolResultFrame:
+    def _exactly_one_of_output_or_error(self) -> "ToolResultFrame":
         has_output = "output" in self.model_fields_set
         has_error = self.error is not None
         if has_output == has_error:
