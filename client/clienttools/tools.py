@@ -380,6 +380,21 @@ _ANY_OUTPUT_CONFIG: Final = ConfigDict(ser_json_inf_nan="constants", defer_build
 _ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_ANY_OUTPUT_CONFIG)
 _UNVALIDATED_RETURNS: Final = (Any, object)
 _EMPTY: Final = inspect.Parameter.empty
+# Return values whose JSON is their own `json.dumps`, with no pydantic validation or
+# serialization to go through: a value of exactly the annotated type, or of any of
+# these types where the output is not validated. Validating and
+# dumping them through pydantic gives the same value (a test holds them equal); it was
+# a third of an invoke's protocol work in a page (bench/README.md).
+_PLAIN_TYPES: Final = frozenset({int, float, bool, str, type(None)})
+_NO_PLAIN_OUTPUTS: Final[frozenset[type]] = frozenset()
+
+
+def _plain_outputs(return_type: Any, validated: bool) -> frozenset[type]:
+    if not validated:
+        return _PLAIN_TYPES
+    if return_type is None:
+        return_type = type(None)
+    return frozenset({return_type}) if return_type in _PLAIN_TYPES else _NO_PLAIN_OUTPUTS
 
 
 def _output_adapter(
@@ -429,6 +444,8 @@ class FunctionSchema:
     output_adapter: TypeAdapter[Any]
     output_schema: dict[str, JsonValue] | None
     validate_output: bool
+    #: Types of return value that are dumped with `json.dumps` alone (see `_PLAIN_TYPES`).
+    plain_outputs: frozenset[type]
     is_async: bool
 
 
@@ -477,6 +494,7 @@ def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
         output_adapter=output_adapter,
         output_schema=output_schema,
         validate_output=validate_output,
+        plain_outputs=_plain_outputs(return_type, validate_output),
         is_async=inspect.iscoroutinefunction(fn),
     )
 
@@ -575,6 +593,7 @@ class Tool:
         "_fields",
         "_input_model",
         "_output",
+        "_plain_outputs",
         "_spec",
         "_validate_output",
         "description",
@@ -642,6 +661,7 @@ class Tool:
         self._fields = schema.fields
         self._output = schema.output_adapter
         self._validate_output = schema.validate_output
+        self._plain_outputs = schema.plain_outputs
         timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
         self._spec: protocol.ToolSpec | None = None
         if isinstance(self.description, str) and type(needs_approval) is bool:
@@ -750,6 +770,8 @@ class Tool:
         return self._dump_output(value)[1]
 
     def _dump_output(self, value: Any) -> tuple[JsonValue, str]:
+        if type(value) in self._plain_outputs:
+            return value, self._dump_json(value)
         if _is_js_null(value):
             value = None
         if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
@@ -787,14 +809,16 @@ class Tool:
             raise InvalidOutput(
                 f"tool {self.name!r} returned a value that cannot be serialized to JSON: {exc}"
             ) from None
+        return out, self._dump_json(out)
+
+    def _dump_json(self, out: JsonValue) -> str:
         try:
-            text = protocol.dump_json(out)
+            return protocol.dump_json(out)
         except ValueError:
             raise InvalidOutput(
                 f"tool {self.name!r} returned NaN or Infinity, which JSON cannot represent; "
                 f"return None or a string instead"
             ) from None
-        return out, text
 
     def __repr__(self) -> str:
         kind = "async " if self.is_async else ""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Optional
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validator
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
@@ -1164,6 +1164,57 @@ def test_annotated_outputs_validate_and_serialize() -> None:
     assert make_tool(enums_and_literals).dump_output("green") == "green"  # lax, like input
     assert make_tool(containers).dump_output({"a": (1, 2)}) == {"a": [1, 2]}
     assert make_tool(_returns_none, name="t").dump_output(None) is None
+
+
+def _pydantic_dump(tool: Tool, value: Any) -> str | type[InvalidOutput]:
+    """What `dump_output_json` gives through pydantic alone (no plain-value shortcut)."""
+    adapter = tool._output
+    try:
+        if tool._validate_output:
+            value = adapter.validate_python(value)
+        out = adapter.dump_python(value, mode="json", warnings="error")
+        return protocol.dump_json(out)
+    except (ValidationError, ValueError):  # pydantic's own errors are ValueErrors too
+        return InvalidOutput
+
+
+def _tool_returning(annotation: Any) -> Tool:
+    def returns(a: int):  # type: ignore[no-untyped-def]
+        return a
+
+    if annotation is not inspect.Parameter.empty:
+        returns.__annotations__["return"] = annotation
+    return make_tool(returns)
+
+
+# Made once, before any example runs: registering is slow next to a dump.
+_RETURNING = {
+    annotation: _tool_returning(annotation)
+    for annotation in (inspect.Parameter.empty, Any, object, int, float, bool, str, None)
+}
+
+
+_PLAIN_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(),
+)
+
+
+@given(value=_PLAIN_VALUES)
+@example(value="lone \ud800 surrogate")
+@example(value=math.nan)
+@pytest.mark.parametrize("annotation", list(_RETURNING), ids=repr)
+def test_plain_outputs_dump_as_pydantic_dumps_them(annotation: Any, value: Any) -> None:
+    tool = _RETURNING[annotation]
+    expected = _pydantic_dump(tool, value)
+    if expected is InvalidOutput:
+        with pytest.raises(InvalidOutput):
+            tool.dump_output_json(value)
+    else:
+        assert tool.dump_output_json(value) == expected
 
 
 class _Slotted:
