@@ -385,7 +385,7 @@ _EMPTY: Final = inspect.Parameter.empty
 # these types where the output is not validated. Validating and
 # dumping them through pydantic gives the same value (a test holds them equal); it was
 # a third of an invoke's protocol work in a page (bench/README.md).
-_PLAIN_TYPES: Final = frozenset({int, float, bool, str, type(None)})
+_PLAIN_TYPES: Final[frozenset[type]] = frozenset({int, float, bool, str, type(None)})
 _NO_PLAIN_OUTPUTS: Final[frozenset[type]] = frozenset()
 
 
