@@ -311,17 +311,20 @@ def _start(
             out.write(results[-1]["profile"])
 
 
-def _roundtrip(rounds: int, n: int, pipelined_n: int) -> None:
+def _roundtrip(rounds: int, n: int, pipelined_n: int, baseline: Path | None) -> None:
     import statistics
 
     from tests.support.static import StaticServer
 
-    from bench.browser import Browser, LoadGen
+    from bench.browser import PAGES, Browser, LoadGen
 
-    names = ("clienttools", "bare", "rawjs")
-    static = StaticServer(
-        {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
-    ).start()
+    names: tuple[str, ...] = ("clienttools", "bare", "rawjs")
+    mounts = {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
+    if baseline is not None:
+        mounts["/baseline/"] = baseline
+        PAGES["baseline"] = ("clienttools.html", "&index=/baseline/")
+        names += ("baseline",)
+    static = StaticServer(mounts).start()
     figures: dict[str, dict[str, list[float]]] = {
         name: collections.defaultdict(list) for name in names
     }
@@ -335,7 +338,8 @@ def _roundtrip(rounds: int, n: int, pipelined_n: int) -> None:
                 loadgen.call("roundtrip", pages[name].session, n=200)
             for round_ in range(rounds):
                 row: dict[str, dict[str, float]] = {}
-                for name in names[round_ % 3 :] + names[: round_ % 3]:
+                by = round_ % len(names)
+                for name in names[by:] + names[:by]:
                     session = pages[name].session
                     rt = loadgen.call("roundtrip", session, n=n)
                     pl = loadgen.call("pipelined", session, n=pipelined_n)
@@ -344,6 +348,8 @@ def _roundtrip(rounds: int, n: int, pipelined_n: int) -> None:
                         figures[name][key].append(value)
                 for key in ("p50", "p99", "per_s"):
                     ratios[key].append(row["clienttools"][key] / row["bare"][key])
+                    if baseline is not None:
+                        ratios[f"baseline {key}"].append(row["baseline"][key] / row["bare"][key])
                 out.write(
                     f"round {round_ + 1}: "
                     + "  ".join(
@@ -352,7 +358,13 @@ def _roundtrip(rounds: int, n: int, pipelined_n: int) -> None:
                         for name in names
                     )
                     + f"  | ct/bare p50 {ratios['p50'][-1]:.2f} p99 {ratios['p99'][-1]:.2f} "
-                    f"tput {ratios['per_s'][-1]:.2f}\n"
+                    f"tput {ratios['per_s'][-1]:.2f}"
+                    + (
+                        f" | baseline/bare p50 {ratios['baseline p50'][-1]:.2f}"
+                        if baseline is not None
+                        else ""
+                    )
+                    + "\n"
                 )
                 out.flush()
             context.close()
@@ -392,13 +404,13 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help="start: another build/web/pyodide (say, main's), loaded in turn with this one",
+        help="start, roundtrip: another build/web/pyodide (say, main's), measured beside this one",
     )
     args = parser.parse_args()
     if args.what == "core":
         _core(args.n)
     elif args.what == "roundtrip":
-        _roundtrip(args.rounds, 2000, 5000)
+        _roundtrip(args.rounds, 2000, 5000, args.baseline)
     elif args.what == "start":
         _start(args.n, args.json, args.marginal, args.cprofile, args.baseline)
     else:
