@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket
 
 from .agents import default_agent, load_agent
 from .clock import SYSTEM_CLOCK, Clock
+from .cluster import Bus
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
 from .hub import Hub
@@ -111,6 +112,17 @@ def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
     return SqliteLedger(db, lease=lease)
 
 
+def open_bus(db: str | None, ledger: Ledger) -> Bus | None:
+    """The bus to the other processes of a shared (PostgreSQL) ledger; None for SQLite."""
+    if db is None or not db.startswith(POSTGRES_SCHEMES):
+        return None
+    from .cluster import Bus
+    from .ledger_postgres import PostgresLedger
+
+    assert isinstance(ledger, PostgresLedger)
+    return Bus(ledger)
+
+
 def serving(
     config: ServerConfig, agent: Agent[None, Any] | None = None, model: Model | None = None
 ) -> tuple[Agent[None, Any], Model]:
@@ -161,19 +173,24 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         ledger = open_ledger(config.db, lease=config.lease)
+        bus = open_bus(config.db, ledger)
         hub = Hub(
             config, ledger, chosen_agent, chosen_model, tools,
-            durable=config.db is not None, clock=clock,
+            durable=config.db is not None, clock=clock, bus=bus,
         )  # fmt: skip
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
         app.state.pending = PendingCalls(hub, ledger)
-        hub.start()
         try:
+            if bus is not None:
+                await bus.start()  # the hub's handlers are on it: nothing is missed
+            hub.start()
             yield
         finally:
             await hub.close()
+            if bus is not None:
+                await bus.close()
             ledger.close()
 
     label = model_label(config, chosen_model)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import JsonValue
 from pydantic_ai import Agent
@@ -30,8 +31,10 @@ from clienttools.protocol import (
     MAX_TOOL_SPEC_BYTES,
     MAX_TOOLS_PER_CONNECTION,
     AbortFrame,
+    CancelReason,
     ClientToolsFrame,
     ErrorFrame,
+    InvokeFrame,
     NoActiveFrame,
     ProtocolErrorFrame,
     RejectedTool,
@@ -49,12 +52,29 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import Ledger, LedgerUnavailable, Outcome, Step
+from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
 from .remembered import RememberedTools
+from .routing import (
+    CANCEL,
+    EXPIRED,
+    EXPIRED_PER_NOTIFICATION,
+    GONE,
+    INVOKE,
+    PROGRESS,
+    REGISTERED,
+    SETTLED,
+    UNREGISTERED,
+    Peers,
+    tools_json,
+)
 from .runs import Run, RunRequest
 from .server_tools import ServerTool, ServerToolset
-from .stream import ChunkLog, FinishedResponses
+from .stream import Chunk, ChunkLog, FinishedResponses
+
+if TYPE_CHECKING:
+    from .cluster import Bus
+    from .shared_stream import SharedStreams
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +120,7 @@ class Hub:
         *,
         durable: bool,
         clock: Clock = SYSTEM_CLOCK,
+        bus: Bus | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -111,28 +132,50 @@ class Hub:
         self.reserved_names = frozenset(self.server_tools) | agent_tool_names(agent)
         self.clock = clock
         self.sessions: dict[str, SessionState] = {}
+        # Every live connection of this process, by id (a relayed invoke names one).
+        self.connections: dict[str, Client] = {}
         self.runs: dict[str, ActiveRun] = {}
         self.browser = BrowserTools(
             ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
         )
-        self.approvals = Approvals(ledger, clock)
+        self.approvals = Approvals(ledger, clock, shared=bus is not None)
         self._registrations = itertools.count(1)
         self._closing = False
         self._expiry_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self.remembered = RememberedTools()
         self.finished = FinishedResponses(config.resume_grace, clock.now)
+        # Several processes on one ledger (PostgreSQL): registrations live in the
+        # ledger and calls are routed between processes over the bus. None: this
+        # process is the whole server (SQLite), everything stays in memory.
+        self.bus = bus
+        self.peers: Peers | None = None
+        if bus is not None:
+            self.peers = Peers(ledger, self._local_tools, clock.now)
+            self._listen(bus)
+        # The chat streams across processes (shared_stream.py), on the bus too.
+        self.shared: SharedStreams | None = None
+        if bus is not None:
+            from .shared_stream import SharedStreams  # psycopg: only with a shared ledger
+
+            self.shared = SharedStreams(
+                cast(Any, ledger), bus, clock, grace=config.resume_grace, poll=config.lease,
+                abort_run=self.abort_run, lease_lost=self.lease_lost,
+            )  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
         """Expire what outlived its TTL, take over and resume unfinished runs whose lease
         lapsed (S8), start the expiry clock and the lease's heartbeat."""
+        self.ledger.keep_alive(self.clock.now())
         self.expire_now()
         self.prune_now()
         self.take_over_now()
         self._expiry_task = asyncio.create_task(self._expire_periodically())
         self._lease_task = asyncio.create_task(self._keep_leases())
+        if self.shared is not None:
+            self.shared.start()
 
     async def close(self) -> None:
         """Stop every task; unfinished runs stay resumable in the ledger.
@@ -150,6 +193,8 @@ class Hub:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._expiry_task = self._lease_task = None
+        if self.shared is not None:
+            await self.shared.close()
 
     # -- run ownership (leases) -------------------------------------------------------
 
@@ -207,6 +252,10 @@ class Hub:
         while True:
             await sleep(self.clock, period)
             try:
+                live = self.ledger.keep_alive(self.clock.now())
+                if self.peers is not None:
+                    self.peers.refresh()
+                self.browser.targets_lost(live)
                 self.renew_now()
                 self.take_over_now()
             except LedgerUnavailable as exc:
@@ -220,11 +269,17 @@ class Hub:
             logger.info("expired runs: %s", ", ".join(expired))
             self.browser.wake_expired(expired)
             self.approvals.wake_expired(expired)
+            if self.bus is not None:
+                for start in range(0, len(expired), EXPIRED_PER_NOTIFICATION):
+                    chunk = expired[start : start + EXPIRED_PER_NOTIFICATION]
+                    self.ledger.notify(None, EXPIRED, *chunk)
         return expired
 
     def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self.finished.prune()
+        if self.shared is not None:
+            self.shared.prune(self.clock.now())
         pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
@@ -250,7 +305,9 @@ class Hub:
             "pending_calls": len(self.browser.pending),
             "timers": self.browser.timer_count,
             "approvals": len(self.approvals.waiting),
+            "relayed": len(self.browser.relayed),
             "active_responses": sum(len(s.logs) for s in self.sessions.values()),
+            "followed_responses": len(self.shared.followers) if self.shared is not None else 0,
             "sessions": len(self.sessions),
         }
 
@@ -288,6 +345,12 @@ class Hub:
         applied = self.browser.apply(step, settlement, by_page=False)
         if applied.ok and step.resolution == "approval":
             self.approvals.wake(execution_id, seq)
+        if applied.ok and self.bus is not None:
+            # The run may wait on another process: every process hears it (no read
+            # of the owner), and each remembers the call as superseded.
+            self.ledger.notify(
+                None, SETTLED, step.request_id or "", execution_id, str(seq), "outside"
+            )
         return applied
 
     def _not_resolvable(self, execution_id: str, seq: int) -> Applied | None:
@@ -325,8 +388,20 @@ class Hub:
 
     def attach(self, client: Client) -> None:
         self._session(client.session).clients.append(client)
+        self.connections[client.id] = client
 
     def detach(self, client: Client) -> None:
+        if self.connections.get(client.id) is client:
+            del self.connections[client.id]
+        if self.peers is not None and client.registration:
+            self.peers.forget(client.session)
+            try:
+                # First: whoever re-delivers this connection's calls must not find it.
+                self.ledger.unregister(client.id)
+                self.ledger.notify(None, UNREGISTERED, client.session)
+            except LedgerUnavailable as exc:
+                # Its row stays until a relayed invoke finds the connection gone.
+                logger.warning("could not unregister %s: %s", client.id, exc)
         session = self.sessions.get(client.session)
         if session is None:
             return
@@ -334,11 +409,29 @@ class Hub:
             session.clients.remove(client)
         for log in session.logs.values():
             log.drop_owner(client.id)
+        if self.shared is not None:
+            self.shared.drop_owner(client.id)
         self.browser.on_disconnect(client)
         self._forget_if_idle(session)
 
-    def find_peer(self, session_name: str, tool_name: str) -> Client | None:
-        """S2: the newest live connection of the session that registered the tool."""
+    def _local_tools(self, connection_id: str) -> Mapping[str, ToolSpec] | None:
+        client = self.connections.get(connection_id)
+        return client.tools if client is not None and client.is_open else None
+
+    def find_peer(self, session_name: str, tool_name: str) -> Peer | None:
+        """S2: the newest live connection of the session that registered the tool.
+
+        With several processes on the ledger, across all of them: a connection
+        here, or a remote peer on another process.
+        """
+        if self.peers is not None:
+            for registration, tools in reversed(self.peers.live(session_name)):
+                if tool_name not in tools:
+                    continue
+                if registration.process_id == self.ledger.owner:
+                    return self.connections[registration.connection_id]
+                return self.peers.remote(registration)
+            return None
         session = self.sessions.get(session_name)
         if session is None:
             return None
@@ -354,10 +447,19 @@ class Hub:
                 accepted[spec.name] = spec
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
-        client.set_tools(frame.client_id, accepted, next(self._registrations))
+        if self.peers is not None:
+            order = self.ledger.register(
+                client.id, client.session, frame.client_id, tools_json(accepted)
+            )
+            self.peers.forget(client.session)
+        else:
+            order = next(self._registrations)
+        client.set_tools(frame.client_id, accepted, order)
         self.remembered.remember(client.session, accepted)
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
         self.browser.on_registered(client)
+        if self.bus is not None:
+            self.ledger.notify(None, REGISTERED, client.session)
 
     def tool_spec(self, session: str, name: str) -> ToolSpec | None:
         """S2: the spec of the session's newest live page that offers the tool, else the
@@ -376,6 +478,10 @@ class Hub:
         A call to one whose page is gone waits for the next page that registers it.
         """
         specs = self.remembered.of(session_name)
+        if self.peers is not None:
+            for _, tools in self.peers.live(session_name):
+                specs.update(tools)
+            return specs
         session = self.sessions.get(session_name)
         if session is not None:
             for client in sorted(session.clients, key=lambda c: c.registration):
@@ -399,23 +505,124 @@ class Hub:
                 return f"the outputSchema is not a valid JSON Schema (Draft 2020-12): {problem}"
         return None
 
+    # -- routing between processes (the bus) ------------------------------------------
+
+    def _listen(self, bus: Bus) -> None:
+        bus.on(INVOKE, self._on_invoke)
+        bus.on(CANCEL, self._on_cancel)
+        bus.on(SETTLED, self._on_settled)
+        bus.on(PROGRESS, self._on_progress)
+        bus.on(GONE, self._on_gone)
+        bus.on(REGISTERED, self._on_registered)
+        bus.on(UNREGISTERED, self._on_unregistered)
+        bus.on(EXPIRED, self._on_expired)
+        bus.on_reconnect(self._on_reconnect)
+
+    def _on_invoke(self, sender: str, args: tuple[str, ...]) -> None:
+        connection_id, request_id, tool_call_id, timeout_ms, attempt = args
+        client = self.connections.get(connection_id)
+        if client is None or not client.is_open:
+            # A row left behind (its unregister failed): gone for good, so that the
+            # run's process does not pick it again.
+            self.ledger.unregister(connection_id)
+            self.ledger.notify(sender, GONE, request_id, connection_id)
+            return
+        step = self.ledger.step_by_request_id(request_id)
+        if step is None:
+            return
+        if step.state != "pending":
+            # Settled meanwhile (the page's result reached us for the run's previous
+            # owner, say): nothing to run, but the run must wake.
+            self.ledger.notify(
+                sender, SETTLED, request_id, step.execution_id, str(step.seq), "page"
+            )
+            return
+        frame = InvokeFrame(
+            request_id=request_id,
+            tool_call_id=tool_call_id,
+            tool_name=step.name,
+            input=json.loads(step.input_json),
+            timeout_ms=int(timeout_ms) or None,
+            attempt=int(attempt),
+        )
+        self.browser.relay_invoke(sender, client, step, frame)
+
+    def _on_cancel(self, sender: str, args: tuple[str, ...]) -> None:
+        connection_id, request_id, reason = args
+        self.browser.relay_cancel(
+            request_id, cast("CancelReason", reason), self.connections.get(connection_id)
+        )
+
+    def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
+        request_id, execution_id, seq, how = args
+        if how == "outside" and request_id:
+            self.browser.remember_superseded(request_id)
+        if sender == self.ledger.owner:
+            return  # settled here: woken already
+        if not self.browser.settled_elsewhere(request_id, execution_id, int(seq), how):
+            self.approvals.wake(execution_id, int(seq))  # an approval answered elsewhere
+
+    def _on_progress(self, sender: str, args: tuple[str, ...]) -> None:
+        request_id, progress = args
+        self.browser.progressed_elsewhere(sender, request_id, float(progress))
+
+    def _on_gone(self, sender: str, args: tuple[str, ...]) -> None:
+        request_id, connection_id = args
+        entry = self.browser.pending.get(request_id)
+        if entry is not None:
+            self._forget(entry.session)  # the connection may be one we still had
+        self.browser.gone_elsewhere(sender, request_id, connection_id)
+
+    def _on_registered(self, sender: str, args: tuple[str, ...]) -> None:
+        if sender != self.ledger.owner:
+            (session,) = args
+            self._forget(session)
+            self.browser.registered_elsewhere(session)
+
+    def _on_unregistered(self, sender: str, args: tuple[str, ...]) -> None:
+        if sender != self.ledger.owner:
+            (session,) = args
+            self._forget(session)
+
+    def _forget(self, session: str) -> None:
+        if self.peers is not None:
+            self.peers.forget(session)
+
+    def _on_reconnect(self) -> None:
+        """Notifications were lost while the bus was away: resync both sides from the rows.
+
+        As the run's process: re-read the steps of our calls, deliver what waits.
+        As the pages' process: a call whose last invoke went to one of our
+        connections but that we never relayed had its invoke lost; its run's
+        process delivers it again once told the invoke's connection does not have it.
+        """
+        if self.peers is not None:
+            self.peers.refresh()
+        self.browser.resync()
+        for request_id, connection_id, owner in self.ledger.delivered_to(list(self.connections)):
+            if request_id not in self.browser.relayed and owner not in (None, self.ledger.owner):
+                self.ledger.notify(owner, GONE, request_id, connection_id)
+
+    def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:
+        if sender != self.ledger.owner:
+            self.browser.wake_expired(args)
+            self.approvals.wake_expired(args)
+
     # -- chat -------------------------------------------------------------------------
 
     def start_run(self, client: Client, frame: SendFrame) -> None:
         session = self._session(client.session)
         if frame.id in session.logs:
-            client.send(
-                ErrorFrame(
-                    request_id=frame.request_id,
-                    error_text="a response is already streaming for this chat",
-                )
-            )
+            client.send(_busy(frame))
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
             execution = self.ledger.start_execution(
-                client.session, request.to_json(), self.clock.now()
+                client.session, request.to_json(), self.clock.now(), chat_id=frame.id
             )
+        except ChatBusy:  # it streams on another process
+            client.send(_busy(frame))
+            return
         except ValueError:
             client.send(
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
@@ -434,7 +641,10 @@ class Hub:
         *,
         fresh: bool = False,
     ) -> None:
-        log = log if log is not None else ChunkLog(request.chat_id)
+        if log is None:
+            log = self._resumed_log(execution_id, request.chat_id)
+        elif self.shared is not None:
+            self.shared.publish(execution_id, log)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
@@ -447,23 +657,44 @@ class Hub:
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
+    def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
+        """The log of a run resumed here: on a shared ledger it goes on from the chunks
+        published by the process that had it, so pages keep their sequence numbers."""
+        if self.shared is None:
+            return ChunkLog(chat_id)
+        published: list[Chunk] = []
+        ended = False
+        try:
+            published, ended = self.shared.published(execution_id)
+        except LedgerUnavailable as exc:
+            logger.warning("run %s: its response so far could not be read: %s", execution_id, exc)
+            ended = True  # publish nothing: it would number the response again from 0
+        log = ChunkLog(chat_id, published)
+        self.shared.publish(execution_id, log, ended=ended, taken=True)
+        return log
+
     async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
         try:
             await run.execute()
         finally:
-            self.ledger.release(run.execution_id)
-            self.runs.pop(run.execution_id, None)
-            session = self.sessions.get(session_name)
-            if session is not None:
-                if session.logs.get(log.chat_id) is log:
-                    del session.logs[log.chat_id]
-                self._forget_if_idle(session)
-            # At shutdown the response is not over: the page resumes it from
-            # the restarted server instead of seeing it end. Nor is it when
-            # another process took the run over: it goes on there.
-            if (not self._closing or run.aborted) and not run.lost:
-                log.finish()
-                self.finished.keep(session_name, log)
+            try:
+                self.runs.pop(run.execution_id, None)
+                session = self.sessions.get(session_name)
+                if session is not None:
+                    if session.logs.get(log.chat_id) is log:
+                        del session.logs[log.chat_id]
+                    self._forget_if_idle(session)
+                # At shutdown the response is not over: the page resumes it from
+                # the restarted server instead of seeing it end. Nor is it when
+                # another process took the run over: it goes on there.
+                if (not self._closing or run.aborted) and not run.lost:
+                    log.finish()  # while the lease is held: its end is written fenced
+                    self.finished.keep(session_name, log)
+                elif run.lost and self.shared is not None and log.request_ids:
+                    # Its chat sockets here go on with the new owner's record.
+                    self.shared.follow(run.execution_id, session_name, log)
+            finally:
+                self.ledger.release(run.execution_id)
 
     def resume(self, client: Client, frame: ResumeFrame) -> None:
         """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
@@ -477,6 +708,11 @@ class Hub:
         """
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
+        if log is None and self.shared is not None:
+            # Not streaming here: the shared record knows where it streams (or
+            # streamed: it keeps the ended ones for the grace too).
+            self.shared.resume(client, frame)
+            return
         if log is None and frame.last_sequence is not None:
             log = self.finished.get(client.session, frame.id)
         if log is None:
@@ -490,6 +726,17 @@ class Hub:
                 active.run.aborted = True
                 active.task.cancel()
                 return
+        if self.shared is not None:
+            self.shared.abort(client, frame)  # a response followed here, run elsewhere
+
+    def abort_run(self, execution_id: str) -> bool:
+        """Abort a run of this process (a page aborted it on another one); False if none."""
+        active = self.runs.get(execution_id)
+        if active is None or active.run.lost:
+            return False
+        active.run.aborted = True
+        active.task.cancel()
+        return True
 
     def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
         return self.browser.on_result(client, frame)
@@ -529,6 +776,12 @@ class SessionTools:
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self._approvals.wait(self.session, step, call)
+
+
+def _busy(frame: SendFrame) -> ErrorFrame:
+    return ErrorFrame(
+        request_id=frame.request_id, error_text="a response is already streaming for this chat"
+    )
 
 
 def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:

@@ -164,6 +164,15 @@ class LeaseLost(RuntimeError):
         )
 
 
+class ChatBusy(RuntimeError):
+    """The chat has an unfinished execution already: its response is still streaming.
+
+    Only a ledger shared by several processes raises it (one process knows its
+    own streaming responses): a second ``send`` for a chat on another process
+    is refused as it is on the one that streams it.
+    """
+
+
 class LedgerUnavailable(RuntimeError):
     """The ledger's database could not be reached; nothing of the call was written.
 
@@ -217,6 +226,11 @@ class Step:
     # Canonical JSON of the tool spec the call was made with (a ``client`` step),
     # so its outputSchema is checked the same way after a restart; None otherwise.
     spec_json: str | None = None
+    # Where the last attempt's invoke went: the connection's id and its page's
+    # clientId, so any process of a shared ledger can apply S5 to a result that
+    # reaches it; None where one process knows it in memory (SQLite).
+    target_connection: str | None = None
+    target_client_id: str | None = None
 
     def result(self) -> object:
         """The recorded output; ValueError if the step was not applied."""
@@ -238,6 +252,22 @@ class Step:
         if self.spec_json is None:
             return None
         return cast("dict[str, object]", json.loads(self.spec_json))
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One connection's tool registration (S2), as every process of the ledger sees it.
+
+    ``order`` is the cluster-wide registration order: the highest that offers a
+    tool is the session's most recent connection for it.
+    """
+
+    connection_id: str
+    session: str
+    process_id: str
+    order: int
+    client_id: str | None
+    tools_json: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +467,20 @@ class Leases:
 class Ledger(Protocol):
     """What the runtime calls; :class:`SqliteLedger` implements it."""
 
+    @property
+    def owner(self) -> str:
+        """This instance's process id, drawn when it opens: the owner of the runs it holds."""
+        ...
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        """Tell process ``process_id`` (None: every process) that rows changed; ids only.
+
+        Inside :meth:`batch` it is part of the transaction (delivered after the
+        commit). A store with one process (SQLite) needs none: callers take the
+        local path for this process, and asking it to reach another raises.
+        """
+        ...
+
     def take_over(self, now: float) -> list[Execution]:
         """Take every unfinished execution whose lease lapsed; they are this instance's now.
 
@@ -458,7 +502,52 @@ class Ledger(Protocol):
         """Stop renewing the execution's lease (its run ended in this process)."""
         ...
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution: ...
+    def keep_alive(self, now: float) -> frozenset[str]:
+        """Mark this process alive until ``now`` + the lease; the ids of the live processes.
+
+        Processes dead for ten leases are forgotten, with their registrations.
+        """
+        ...
+
+    def register(
+        self, connection_id: str, session: str, client_id: str | None, tools_json: str
+    ) -> int:
+        """Record (or replace) a connection's tools; its registration order, cluster-wide.
+
+        An older registration of the same page (session and clientId) on any
+        connection goes: that page has moved to this connection.
+        """
+        ...
+
+    def unregister(self, connection_id: str) -> None: ...
+
+    def registrations(self, session: str, now: float) -> list[Registration]:
+        """The session's registrations on live processes, oldest first."""
+        ...
+
+    def registered(self, connection_id: str, now: float) -> bool:
+        """Is the connection registered on a live process?"""
+        ...
+
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        """(request id, connection, run's owner) of each pending call last invoked on one."""
+        ...
+
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        """Record the tool call id a pending approval step is answered by."""
+        ...
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
+        ...
+
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
+        """Start a run. ``chat_id``: the chat it answers; a shared ledger records it, so
+        another process finds the chat's response, and raises :class:`ChatBusy` while
+        an execution of the same session and chat is unfinished."""
+        ...
 
     def get_execution(self, execution_id: str) -> Execution | None: ...
 
@@ -501,7 +590,17 @@ class Ledger(Protocol):
 
     def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
 
-    def add_attempt(self, execution_id: str, seq: int, now: float) -> int: ...
+    def add_attempt(
+        self,
+        execution_id: str,
+        seq: int,
+        now: float,
+        *,
+        target_connection: str | None = None,
+        target_client_id: str | None = None,
+    ) -> int:
+        """Count one more delivery of the step, recording where it went; the new count."""
+        ...
 
     def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None: ...
 
@@ -617,6 +716,8 @@ class SqliteLedger:
 
     def __init__(self, path: str | os.PathLike[str], *, lease: float = DEFAULT_LEASE) -> None:
         self._leases = Leases(lease)
+        self._registrations: dict[str, Registration] = {}
+        self._registration_order = 0
         # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
         # so a read-then-write cannot interleave with another process's write.
         self._connection: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
@@ -728,6 +829,60 @@ class SqliteLedger:
             self._connection.close()
             self._connection = None
 
+    # the registrations (S2): one process, so they live in its memory
+
+    def keep_alive(self, now: float) -> frozenset[str]:
+        return frozenset({self._leases.owner})
+
+    def register(
+        self, connection_id: str, session: str, client_id: str | None, tools_json: str
+    ) -> int:
+        self._registration_order += 1
+        for other in [
+            r.connection_id
+            for r in self._registrations.values()
+            if client_id is not None and (r.session, r.client_id) == (session, client_id)
+        ]:
+            del self._registrations[other]
+        self._registrations[connection_id] = Registration(
+            connection_id, session, self._leases.owner, self._registration_order, client_id,
+            tools_json,
+        )  # fmt: skip
+        return self._registration_order
+
+    def unregister(self, connection_id: str) -> None:
+        self._registrations.pop(connection_id, None)
+
+    def registrations(self, session: str, now: float) -> list[Registration]:
+        return sorted(
+            (r for r in self._registrations.values() if r.session == session),
+            key=lambda r: r.order,
+        )
+
+    def registered(self, connection_id: str, now: float) -> bool:
+        return connection_id in self._registrations
+
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        return []  # one process knows where its invokes went: nothing is recorded
+
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        pass  # one process: the approval waits in its memory, by tool call id
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        return None
+
+    # the bus: one process, nobody to tell
+
+    @property
+    def owner(self) -> str:
+        return self._leases.owner
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        if process_id is not None and process_id != self._leases.owner:
+            raise RuntimeError(
+                f"a SQLite ledger has one process; it cannot notify process {process_id}"
+            )
+
     # leases
 
     def _fence(self, db: sqlite3.Connection, execution_id: str) -> None:
@@ -780,7 +935,10 @@ class SqliteLedger:
 
     # executions
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
+        # chat_id: one process knows its streaming responses itself; not stored.
         _canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(
@@ -1013,7 +1171,16 @@ class SqliteLedger:
         assert isinstance(prepared, Outcome)
         return dataclasses.replace(prepared, step=step)
 
-    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+    def add_attempt(
+        self,
+        execution_id: str,
+        seq: int,
+        now: float,
+        *,
+        target_connection: str | None = None,
+        target_client_id: str | None = None,
+    ) -> int:
+        # The target is not stored: one process knows where its invokes went.
         with self._write() as db:
             self._fence(db, execution_id)
             row = db.execute(

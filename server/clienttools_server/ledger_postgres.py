@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import threading
 import uuid
 from collections.abc import Collection, Iterator, Sequence
@@ -54,15 +55,18 @@ from typing import Any, Literal
 import psycopg
 import psycopg_pool
 
+from .cluster import encode
 from .ledger import (
     DEFAULT_LEASE,
     FINISHED_STATUSES,
+    ChatBusy,
     Execution,
     ExecutionStatus,
     Leases,
     LedgerClosed,
     LedgerUnavailable,
     Outcome,
+    Registration,
     Resolution,
     Step,
     StepKind,
@@ -80,7 +84,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable.
 # The wait blocks the caller's event loop (the interface is synchronous), so it is
@@ -88,6 +92,9 @@ SCHEMA_VERSION = 3
 # gets through: a database that is away must not stall every socket for seconds.
 DEFAULT_TIMEOUT = 2.0
 AWAY_TIMEOUT = 0.1
+
+# A process dead for this many leases is forgotten, with its registrations.
+FORGET_DEAD_AFTER_LEASES = 10
 
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
@@ -142,6 +149,50 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE executions ADD COLUMN generation BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE executions ADD COLUMN lease_until DOUBLE PRECISION",
     ),
+    # 4: routing between processes: who is alive, which connection registered which
+    # tools where (S2 across processes), where each call's last invoke went (S5).
+    (
+        """
+        CREATE TABLE processes (
+            id          TEXT COLLATE "C" PRIMARY KEY,
+            alive_until DOUBLE PRECISION NOT NULL
+        )
+        """,
+        "CREATE SEQUENCE registration_order",
+        """
+        CREATE TABLE registrations (
+            connection_id TEXT COLLATE "C" PRIMARY KEY,
+            session       TEXT COLLATE "C" NOT NULL,
+            process_id    TEXT COLLATE "C" NOT NULL,
+            registration  BIGINT NOT NULL DEFAULT nextval('registration_order'),
+            client_id     TEXT COLLATE "C",
+            tools_json    TEXT NOT NULL
+        )
+        """,
+        "CREATE INDEX registrations_by_session ON registrations (session, registration)",
+        "CREATE INDEX registrations_by_process ON registrations (process_id)",
+        'ALTER TABLE steps ADD COLUMN target_connection TEXT COLLATE "C"',
+        'ALTER TABLE steps ADD COLUMN target_client_id TEXT COLLATE "C"',
+        # An approval's tool call id: a chat on any process answers it by that id.
+        'ALTER TABLE steps ADD COLUMN tool_call_id TEXT COLLATE "C"',
+    ),
+    # 5: a chat's response across processes (shared_stream.py): the chat an execution
+    # answers, at most one unfinished execution per chat, and the chunks streamed so far.
+    (
+        'ALTER TABLE executions ADD COLUMN chat_id TEXT COLLATE "C"',
+        "CREATE UNIQUE INDEX executions_streaming ON executions (session, chat_id) "
+        "WHERE status IN ('running', 'paused')",
+        "CREATE INDEX executions_by_chat ON executions (session, chat_id, created_at)",
+        """
+        CREATE TABLE chunks (
+            execution_id TEXT COLLATE "C" NOT NULL
+                         REFERENCES executions (id) ON DELETE CASCADE,
+            seq          BIGINT NOT NULL CHECK (seq >= 0),
+            chunk_json   TEXT,
+            PRIMARY KEY (execution_id, seq)
+        )
+        """,
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -163,6 +214,14 @@ _STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
     "error_json, request_id, attempts, created_at, updated_at, spec_json"
 )
+# What a step is read back with: its columns and where its last invoke went.
+_STEP_READ = _STEP_COLUMNS + ", target_connection, target_client_id"
+# A process counts as alive while its row's alive_until has not passed; its own
+# registrations always count for itself.
+_LIVE_PROCESS = (
+    "(r.process_id = %s OR EXISTS (SELECT 1 FROM processes AS p "
+    "WHERE p.id = r.process_id AND p.alive_until >= %s))"
+)
 # Each write below is one statement, so one round trip and atomic by itself: the
 # step and the execution's updated_at (a step recorded or settled is progress, so
 # the run is not idle and not expirable yet) change together or not at all.
@@ -181,7 +240,7 @@ _SETTLE_SQL = {
     field: (
         f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
         f"WHERE execution_id = %s AND seq = %s AND state = 'pending' AND {_FENCE} "
-        f"RETURNING {_STEP_COLUMNS}), "
+        f"RETURNING {_STEP_READ}), "
         "touched AS (UPDATE executions SET updated_at = %s "
         "WHERE id IN (SELECT execution_id FROM settled)) "
         "SELECT * FROM settled"
@@ -230,10 +289,12 @@ def _execution_from_row(row: Sequence[Any]) -> Execution:
 
 def _step_from_row(row: Sequence[Any]) -> Step:
     (execution_id, seq, kind, name, input_json, resolution, state, result_json, error_json,
-     request_id, attempts, created_at, updated_at, spec_json) = row  # fmt: skip
+     request_id, attempts, created_at, updated_at, spec_json, target_connection,
+     target_client_id) = row  # fmt: skip
     return Step(
         execution_id, seq, kind, _unescape(name), input_json, resolution, state, result_json,
         error_json, _maybe_unescape(request_id), attempts, created_at, updated_at, spec_json,
+        target_connection, _maybe_unescape(target_client_id),
     )  # fmt: skip
 
 
@@ -270,6 +331,8 @@ class PostgresLedger:
         lease: float = DEFAULT_LEASE,
     ) -> None:
         self._leases = Leases(lease)
+        self._conninfo = conninfo
+        self._namespace = ""  # set once connected: the channels' prefix for this schema
         self._timeout = timeout
         self._away = False  # the last call found the database unreachable
         self._local = threading.local()
@@ -295,6 +358,8 @@ class PostgresLedger:
         try:
             self._pool.open(wait=True, timeout=timeout)
             self._migrate()
+            [(database, schema)] = self._read("SELECT current_database(), current_schema()")
+            self._namespace = _namespace(str(database), str(schema))
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
             raise LedgerUnavailable(
@@ -459,6 +524,150 @@ class PostgresLedger:
             self._closed = True
             self._pool.close()
 
+    # the bus (clienttools_server.cluster)
+
+    @property
+    def owner(self) -> str:
+        """This instance's process id: the owner it writes into the runs it holds."""
+        return self._leases.owner
+
+    @property
+    def conninfo(self) -> str:
+        return self._conninfo
+
+    def channel(self, process_id: str | None) -> str:
+        """The LISTEN channel of one process (None: of every process) in this schema."""
+        return f"ct_{self._namespace}_{'all' if process_id is None else process_id}"
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+        """Tell one process (None: every process, this one included) that rows changed.
+
+        Ids only (the rows carry the data). Inside :meth:`batch` it is part of
+        the transaction: delivered after the commit, or never if it rolls back.
+        """
+        payload = encode(self.owner, kind, args)
+        self._write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
+
+    # processes and registrations (S2 across processes)
+
+    def keep_alive(self, now: float) -> frozenset[str]:
+        # One statement: this process's row renewed, the registrations (and rows) of
+        # processes dead for long deleted, and who is alive now. Not at once: a
+        # process that was only stalled (SIGSTOP, a long pause) and comes back
+        # finds its registrations there again, counted once its row is renewed.
+        seconds = self._leases.seconds * FORGET_DEAD_AFTER_LEASES
+        rows = self._write_one(
+            "WITH me AS (INSERT INTO processes (id, alive_until) VALUES (%s, %s) "
+            "ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until), "
+            "dead AS (DELETE FROM processes WHERE alive_until < %s AND id <> %s RETURNING id), "
+            "unregistered AS (DELETE FROM registrations WHERE process_id IN "
+            "(SELECT id FROM dead)) "
+            "SELECT id FROM processes WHERE alive_until >= %s AND id <> %s",
+            (self.owner, now + self._leases.seconds, now - seconds, self.owner, now, self.owner),
+        )
+        return frozenset({self.owner, *(str(row[0]) for row in rows)})
+
+    def register(
+        self, connection_id: str, session: str, client_id: str | None, tools_json: str
+    ) -> int:
+        # Another connection of the same page (session, clientId) is one it left.
+        [(order,)] = self._write_one(
+            "WITH moved AS (DELETE FROM registrations WHERE session = %s AND client_id = %s "
+            "AND connection_id <> %s) "
+            "INSERT INTO registrations (connection_id, session, process_id, client_id, tools_json) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (connection_id) DO UPDATE SET "
+            "client_id = EXCLUDED.client_id, tools_json = EXCLUDED.tools_json, "
+            "registration = EXCLUDED.registration RETURNING registration",
+            (
+                _escape(session), _maybe_escape(client_id), connection_id, connection_id,
+                _escape(session), self.owner, _maybe_escape(client_id), tools_json,
+            ),
+        )  # fmt: skip
+        return int(order)
+
+    def unregister(self, connection_id: str) -> None:
+        self._write_one(
+            "DELETE FROM registrations WHERE connection_id = %s RETURNING 1", (connection_id,)
+        )
+
+    def registrations(self, session: str, now: float) -> list[Registration]:
+        rows = self._read(
+            "SELECT r.connection_id, r.session, r.process_id, r.registration, r.client_id, "
+            f"r.tools_json FROM registrations AS r WHERE r.session = %s AND {_LIVE_PROCESS} "
+            "ORDER BY r.registration",
+            (_escape(session), self.owner, now),
+        )
+        return [
+            Registration(
+                str(connection_id),
+                _unescape(str(name)),
+                str(process_id),
+                int(order),
+                _maybe_unescape(client_id),
+                str(tools_json),
+            )
+            for connection_id, name, process_id, order, client_id, tools_json in rows
+        ]
+
+    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+        if not connection_ids:
+            return []
+        rows = self._read(
+            "SELECT s.request_id, s.target_connection, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'client' "
+            "AND s.target_connection = ANY(%s) AND e.status IN ('running', 'paused')",
+            (list(connection_ids),),
+        )
+        return [
+            (_unescape(str(request_id)), str(connection), None if owner is None else str(owner))
+            for request_id, connection, owner in rows
+            if request_id is not None
+        ]
+
+    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        self._write_one(
+            "UPDATE steps SET tool_call_id = %s WHERE execution_id = %s AND seq = %s "
+            "AND resolution = 'approval' RETURNING 1",
+            (_escape(tool_call_id), _escape(execution_id), seq),
+        )
+
+    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
+        rows = self._read(
+            f"SELECT {columns}, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'approval' AND s.tool_call_id = %s "
+            "AND e.session = %s AND e.status IN ('running', 'paused') LIMIT 1",
+            (_escape(tool_call_id), _escape(session)),
+        )
+        if not rows:
+            return None
+        *step, owner = rows[0]
+        return _step_from_row(step), None if owner is None else str(owner)
+
+    def registered(self, connection_id: str, now: float) -> bool:
+        rows = self._read(
+            f"SELECT 1 FROM registrations AS r WHERE r.connection_id = %s AND {_LIVE_PROCESS}",
+            (connection_id, self.owner, now),
+        )
+        return bool(rows)
+
+    # for the shared chunk log (shared_stream.py), whose statements are its own
+
+    def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """Run one statement that is a whole read or write by itself; its rows."""
+        return self._write_one(sql, params)
+
+    def held(self, execution_id: str) -> int | None:
+        """The generation this process holds for the execution (None: not its own);
+        :class:`~clienttools_server.ledger.LeaseLost` if it lost it."""
+        return self._held(execution_id)
+
+    def lease_lost(self, execution_id: str, held: int) -> None:
+        """Raise LeaseLost if a fenced write that changed nothing was refused by the fence."""
+        self._check_lease(execution_id, held)
+
     # leases
 
     def _held(self, execution_id: str) -> int | None:
@@ -513,21 +722,29 @@ class PostgresLedger:
 
     # executions
 
-    def start_execution(self, session: str, request_json: str, now: float) -> Execution:
+    def start_execution(
+        self, session: str, request_json: str, now: float, chat_id: str | None = None
+    ) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(
             uuid.uuid4().hex, session, "running", request_json, None, now, now,
             leases.owner, 1, now + leases.seconds,
         )  # fmt: skip
-        self._write_one(
-            f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        # The unique index on the unfinished executions of a chat decides, in the
+        # same statement: of two processes starting one chat at once, one gets it.
+        rows = self._write_one(
+            f"INSERT INTO executions ({_EXECUTION_COLUMNS}, chat_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (session, chat_id) WHERE status IN ('running', 'paused') DO NOTHING "
+            "RETURNING id",
             (
                 execution.id, _escape(session), "running", request_json, None, now, now,
-                leases.owner, 1, now + leases.seconds,
+                leases.owner, 1, now + leases.seconds, _maybe_escape(chat_id),
             ),
         )  # fmt: skip
+        if not rows:
+            raise ChatBusy(f"chat {chat_id!r} of session {session!r} has a response streaming")
         leases.hold(execution.id, 1)
         return execution
 
@@ -685,7 +902,7 @@ class PostgresLedger:
         self, connection: psycopg.Connection[Any], execution_id: str, seq: int
     ) -> Step | None:
         row = connection.execute(
-            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s",
+            f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s",
             (_escape(execution_id), seq),
         ).fetchone()
         return None if row is None else _step_from_row(row)
@@ -699,9 +916,9 @@ class PostgresLedger:
         rows = self._write_one(
             f"WITH updated AS (UPDATE steps SET spec_json = %s "
             f"WHERE execution_id = %s AND seq = %s AND spec_json IS NULL AND {_FENCE} "
-            f"RETURNING {_STEP_COLUMNS}) "
+            f"RETURNING {_STEP_READ}) "
             "SELECT * FROM updated UNION ALL "
-            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s "
+            f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s "
             "AND NOT EXISTS (SELECT 1 FROM updated)",
             (
                 canonical, _escape(execution_id), seq, _escape(execution_id), held,
@@ -719,14 +936,14 @@ class PostgresLedger:
 
     def step_by_request_id(self, request_id: str) -> Step | None:
         rows = self._read(
-            f"SELECT {_STEP_COLUMNS} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
+            f"SELECT {_STEP_READ} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
             (_escape(request_id),),
         )
         return _step_from_row(rows[0]) if rows else None
 
     def steps(self, execution_id: str) -> list[Step]:
         rows = self._read(
-            f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = %s ORDER BY seq",
+            f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s ORDER BY seq",
             (_escape(execution_id),),
         )
         return [_step_from_row(row) for row in rows]
@@ -734,7 +951,7 @@ class PostgresLedger:
     def pending_steps(
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]:
-        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_COLUMNS.split(","))
+        columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
         where = ["s.state = 'pending'", "e.status IN ('running', 'paused')"]
         params: list[object] = []
         if session is not None:
@@ -789,17 +1006,34 @@ class PostgresLedger:
         assert isinstance(prepared, Outcome)
         return dataclasses.replace(prepared, step=step)
 
-    def add_attempt(self, execution_id: str, seq: int, now: float) -> int:
+    def add_attempt(
+        self,
+        execution_id: str,
+        seq: int,
+        now: float,
+        *,
+        target_connection: str | None = None,
+        target_client_id: str | None = None,
+    ) -> int:
         held = self._held(execution_id)
         rows = self._write_one(
-            "UPDATE steps SET attempts = attempts + 1, updated_at = %s "
+            "UPDATE steps SET attempts = attempts + 1, updated_at = %s, "
+            "target_connection = %s, target_client_id = %s "
             f"WHERE execution_id = %s AND seq = %s AND {_FENCE} RETURNING attempts",
-            (now, _escape(execution_id), seq, _escape(execution_id), held),
-        )
+            (
+                now, target_connection, _maybe_escape(target_client_id), _escape(execution_id),
+                seq, _escape(execution_id), held,
+            ),
+        )  # fmt: skip
         if not rows:
             self._check_lease(execution_id, held)
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(rows[0][0])
+
+
+def _namespace(database: str, schema: str) -> str:
+    """A short tag of the ledger's database and schema: channel names stay within 63 bytes."""
+    return hashlib.sha256(f"{database}\x00{schema}".encode()).hexdigest()[:12]
 
 
 def _by_age(execution: Execution) -> tuple[float, str]:

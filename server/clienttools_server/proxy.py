@@ -30,7 +30,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Literal, Protocol, cast
 
 from pydantic import JsonValue
 
@@ -51,7 +51,16 @@ from clienttools.protocol import (
 from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
 from .journal import ToolCall
-from .ledger import LeaseLost, Ledger, Outcome, OutcomeReason, Step, canonical_json
+from .ledger import (
+    LeaseLost,
+    Ledger,
+    LedgerUnavailable,
+    Outcome,
+    OutcomeReason,
+    Step,
+    canonical_json,
+)
+from .routing import RemotePeer
 from .schema import OutputSchemas
 
 logger = logging.getLogger(__name__)
@@ -157,6 +166,28 @@ FindPeer = Callable[[str, str], Peer | None]
 
 
 @dataclass(eq=False, slots=True)
+class Relay:
+    """An invoke this process sent to one of its connections for a run on another process.
+
+    The run's process (``owner``) keeps the pending entry; this process keeps
+    what S5 needs to judge the page's result (the connection it went to, its
+    clientId), applies the result, and tells the owner.
+    """
+
+    request_id: str
+    owner: str
+    peer: Peer
+    client_id: str | None
+    # The step as read for the invoke; the ledger's settle decides, not its state.
+    step: Step
+    last_progress: float | None = None
+
+
+# How a step settled elsewhere was settled (the `settled` notification's last field).
+SettledBy = Literal["page", "outside"]
+
+
+@dataclass(eq=False, slots=True)
 class PendingCall:
     request_id: str
     execution_id: str
@@ -247,6 +278,11 @@ class StartedCall:
         self.tools._abandon(self.entry)
 
 
+def _on_process(peer: Peer | None, process_id: str) -> bool:
+    """Is ``peer`` a connection of process ``process_id`` (a remote peer)?"""
+    return isinstance(peer, RemotePeer) and peer.process_id == process_id
+
+
 def _settled_by_server(step: Step | None) -> bool:
     """Did the server settle this step without a result (a later result is then `stale`)?"""
     error = step.error() if step is not None else None
@@ -312,6 +348,8 @@ class BrowserTools:
         self.shutting_down = False
         # Executions another process took over: their calls end here unsaid.
         self.handed_over: set[str] = set()
+        # Invokes relayed to this process's connections for runs on other processes.
+        self.relayed: dict[str, Relay] = {}
 
     @property
     def timer_count(self) -> int:
@@ -455,7 +493,10 @@ class BrowserTools:
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
         entry.move(CallEvent.DELIVER)
         entry.last_progress = None
-        entry.attempt = self.ledger.add_attempt(entry.execution_id, entry.seq, self.clock.now())
+        entry.attempt = self.ledger.add_attempt(
+            entry.execution_id, entry.seq, self.clock.now(),
+            target_connection=peer.id, target_client_id=peer.client_id,
+        )  # fmt: skip
         peer.send(
             InvokeFrame(
                 request_id=entry.request_id,
@@ -530,7 +571,7 @@ class BrowserTools:
             return None
         return entry
 
-    def _remember_superseded(self, request_id: str | None) -> None:
+    def remember_superseded(self, request_id: str | None) -> None:
         if request_id is None:
             return
         self.superseded[request_id] = None
@@ -588,7 +629,7 @@ class BrowserTools:
                 return Applied("invalid", outcome.reason, "the result is too large to be stored")
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
         if not by_page:
-            self._remember_superseded(step.request_id)
+            self.remember_superseded(step.request_id)
         if entry is not None:
             self._settled(entry, outcome.step, CallEvent.RESULT if by_page else CallEvent.OUTSIDE)
         return Applied("applied", "applied", outcome.message, outcome.step)
@@ -651,7 +692,7 @@ class BrowserTools:
         """
         for entry in self.pending.values():
             if (entry.execution_id, entry.seq) == (execution_id, seq) and not entry.settled:
-                self._remember_superseded(entry.request_id)
+                self.remember_superseded(entry.request_id)
                 self._settled(entry, self.ledger.get_step(execution_id, seq), CallEvent.OUTSIDE)
                 return True
         return False
@@ -662,6 +703,9 @@ class BrowserTools:
         """Settle a call from a result frame (S5); the returned ack goes back to ``peer``."""
         entry = self.pending.get(frame.request_id)
         if entry is None:
+            relay = self.relayed.get(frame.request_id)
+            if relay is not None:
+                return self._relayed_result(relay, peer, frame)
             return self._result_without_entry(peer, frame)
         if entry.settled:
             late = LATE_RESULT[entry.state]
@@ -705,39 +749,192 @@ class BrowserTools:
         step = self.ledger.step_by_request_id(frame.request_id)
         if step is None:
             return _ack(frame.request_id, "stale", "no such call")
-        if step.state == "pending":
-            # The run that owns it is not waiting in this process (yet): a
-            # restarted server, before replay. Record it; the replay reads it.
-            execution = self.ledger.get_execution(step.execution_id)
-            if execution is None or execution.session != peer.session:
-                return _ack(frame.request_id, "invalid", "the call belongs to another session")
-        return self._page_ack(frame.request_id, self.apply(step, _settlement(frame), by_page=True))
+        if step.state != "pending":
+            return self._page_ack(
+                frame.request_id, self.apply(step, _settlement(frame), by_page=True)
+            )
+        # The run that owns it is not waiting in this process: a restarted server
+        # before replay, or a run on another process whose invoke went to a
+        # connection that is gone. Record it; the run reads it (woken if elsewhere).
+        execution = self.ledger.get_execution(step.execution_id)
+        if execution is None or execution.session != peer.session:
+            return _ack(frame.request_id, "invalid", "the call belongs to another session")
+        if not self._from_recorded_target(step, peer):
+            return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
+        applied = self.apply(step, _settlement(frame), by_page=True)
+        if execution.owner is not None:
+            self._tell_owner(execution.owner, step, "page")
+        return self._page_ack(frame.request_id, applied)
+
+    def _from_recorded_target(self, step: Step, peer: Peer) -> bool:
+        """S5 from the step's record of where its last invoke went (a shared ledger)."""
+        if step.target_connection is None or step.target_connection == peer.id:
+            return True  # not recorded (one process, after a restart): the session decides
+        if self.ledger.registered(step.target_connection, self.clock.now()):
+            return False  # the invoke's connection is still there, on some process
+        return peer.client_id is not None and peer.client_id == step.target_client_id
+
+    def _tell_owner(self, owner: str, step: Step, how: SettledBy) -> None:
+        """Wake the run waiting for ``step`` on its process (this one has no entry for it)."""
+        if owner != self.ledger.owner and step.request_id is not None:
+            self.ledger.notify(
+                owner, "settled", step.request_id, step.execution_id, str(step.seq), how
+            )
+
+    # -- relaying for runs on other processes --------------------------------------------
+
+    def relay_invoke(self, owner: str, peer: Peer, step: Step, frame: InvokeFrame) -> None:
+        """Send a run's invoke (its process is ``owner``) to ``peer``, a connection here."""
+        self.relayed[frame.request_id] = Relay(frame.request_id, owner, peer, peer.client_id, step)
+        peer.send(frame)
+
+    def relay_cancel(self, request_id: str, reason: CancelReason, peer: Peer | None) -> None:
+        relay = self.relayed.get(request_id)
+        if relay is not None and (peer is None or relay.peer is peer):
+            del self.relayed[request_id]
+        if reason == "superseded":
+            self.remember_superseded(request_id)
+        if peer is not None and peer.is_open:
+            peer.send(CancelFrame(request_id=request_id, reason=reason))
+
+    def _relayed_result(self, relay: Relay, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
+        if not (
+            relay.peer is peer
+            or (
+                not relay.peer.is_open
+                and relay.client_id is not None
+                and peer.session == relay.peer.session
+                and peer.client_id == relay.client_id
+            )
+        ):
+            return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
+        step = relay.step
+        applied = self.apply(step, _settlement(frame), by_page=True)
+        # Only once the ledger answered: if it could not (LedgerUnavailable), the
+        # socket closes with 1013 and its close tells the owner, as for any call.
+        self.relayed.pop(frame.request_id, None)
+        # Whatever the ledger decided (applied, settled before, refused and settled
+        # as invalid_output), the owner reads the step: a pending one it ignores.
+        self._tell_owner(relay.owner, step, "page")
+        return self._page_ack(frame.request_id, applied)
+
+    # -- the owner's side of a call relayed elsewhere -------------------------------------
+
+    def settled_elsewhere(self, request_id: str, execution_id: str, seq: int, how: str) -> bool:
+        """Another process settled the step of one of our calls: wake its run. True if ours."""
+        entry = self.pending.get(request_id)
+        if entry is None or (entry.execution_id, entry.seq) != (execution_id, seq):
+            return False
+        if entry.settled:
+            return True
+        step = self.ledger.get_step(execution_id, seq)
+        if step is None or step.state == "pending":
+            return True
+        if how == "outside":
+            self.remember_superseded(request_id)
+        self._settled(entry, step, CallEvent.OUTSIDE if how == "outside" else CallEvent.RESULT)
+        return True
+
+    def progressed_elsewhere(self, process_id: str, request_id: str, progress: float) -> None:
+        entry = self.pending.get(request_id)
+        if entry is not None and not entry.settled and _on_process(entry.target, process_id):
+            self._progressed(entry, progress)
+
+    def gone_elsewhere(self, process_id: str, request_id: str, connection_id: str) -> None:
+        """The connection on ``process_id`` that had the invoke closed: S4 for that call."""
+        entry = self.pending.get(request_id)
+        target = entry.target if entry is not None else None
+        if entry is None or entry.settled or target is None or target.id != connection_id:
+            return
+        if isinstance(target, RemotePeer) and target.process_id == process_id:
+            target.gone = True
+            self._target_gone(entry)
+
+    def registered_elsewhere(self, session: str) -> None:
+        """A connection of ``session`` registered tools on another process."""
+        for entry in list(self.pending.values()):
+            if (
+                entry.session == session
+                and not entry.settled
+                and (entry.target is None or not entry.target.is_open)
+            ):
+                self._deliver(entry)
+
+    def targets_lost(self, live_processes: frozenset[str]) -> None:
+        """Calls delivered to processes that are not alive any more: their pages are gone."""
+        for entry in list(self.pending.values()):
+            target = entry.target
+            if (
+                not entry.settled
+                and isinstance(target, RemotePeer)
+                and target.process_id not in live_processes
+            ):
+                target.gone = True
+                self._target_gone(entry)
+
+    def resync(self) -> None:
+        """After notifications may have been lost: re-read every call's step, deliver again."""
+        for entry in list(self.pending.values()):
+            if entry.settled:
+                continue
+            step = self.ledger.get_step(entry.execution_id, entry.seq)
+            if step is not None and step.state != "pending":
+                self._settled(entry, step, CallEvent.RESULT)
+            elif entry.target is None:
+                self._deliver(entry)
+            elif not entry.target.is_open:
+                self._target_gone(entry)
 
     def on_progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
         entry = self.pending.get(frame.request_id)
-        if entry is None or entry.settled or entry.target is not peer:
+        if entry is None:
+            relay = self.relayed.get(frame.request_id)
+            if relay is None or relay.peer is not peer:
+                return
+            if relay.last_progress is not None and frame.progress <= relay.last_progress:
+                return
+            relay.last_progress = frame.progress
+            self.ledger.notify(relay.owner, "progress", frame.request_id, repr(frame.progress))
             return
-        if entry.last_progress is not None and frame.progress <= entry.last_progress:
+        if entry.settled or entry.target is not peer:
             return
-        entry.last_progress = frame.progress
+        self._progressed(entry, frame.progress)
+
+    def _progressed(self, entry: PendingCall, progress: float) -> None:
+        if entry.last_progress is not None and progress <= entry.last_progress:
+            return
+        entry.last_progress = progress
         if entry.idle_timer is not None:
             entry.idle_timer.cancel()
             entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
 
     def on_disconnect(self, peer: Peer) -> None:
-        """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls."""
+        """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls.
+
+        Calls relayed to it for runs on other processes: their processes are told.
+        """
         for entry in list(self.pending.values()):
             if entry.target is not peer or entry.settled:
                 continue
-            self._stop_timers(entry)
-            if self.config.disconnect_policy == "fail":
-                self._close(
-                    entry,
-                    _error_json("disconnected", "the browser disconnected while the tool ran"),
-                )
-            else:
-                entry.target = None
-                self._deliver(entry)
+            self._target_gone(entry)
+        for relay in [r for r in self.relayed.values() if r.peer is peer]:
+            del self.relayed[relay.request_id]
+            try:
+                self.ledger.notify(relay.owner, "gone", relay.request_id, peer.id)
+            except LedgerUnavailable as exc:
+                # The owner finds out by itself: its resync after the database is back.
+                logger.warning("could not tell %s its call's page left: %s", relay.owner, exc)
+
+    def _target_gone(self, entry: PendingCall) -> None:
+        self._stop_timers(entry)
+        if self.config.disconnect_policy == "fail":
+            self._close(
+                entry,
+                _error_json("disconnected", "the browser disconnected while the tool ran"),
+            )
+        else:
+            entry.target = None
+            self._deliver(entry)
 
     def on_registered(self, peer: Peer) -> None:
         """Deliver the session's waiting calls whose tool ``peer`` now offers."""
@@ -773,12 +970,16 @@ class Approvals:
     ledger: Ledger
     clock: Clock = SYSTEM_CLOCK
     waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
+    # Several processes on the ledger: the chat that answers may be on another one.
+    shared: bool = False
 
     async def wait(self, session: str, step: Step, call: ToolCall) -> None:
         key = (session, call.tool_call_id)
         wait = _ApprovalWait(
             step.execution_id, step.seq, asyncio.get_running_loop().create_future()
         )
+        if self.shared:
+            self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
         self.waiting[key] = wait
         try:
             await wait.future
@@ -790,19 +991,34 @@ class Approvals:
         """Settle an approval; a message for a protocol error when nothing waits for it."""
         wait = self.waiting.get((peer.session, frame.tool_call_id))
         if wait is None or wait.future.done():
-            return f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
+            return self._elsewhere(peer, frame)
+        self._answer(wait.execution_id, wait.seq, frame)
+        wait.future.set_result(None)
+        return None
+
+    def _answer(self, execution_id: str, seq: int, frame: ToolApprovalFrame) -> bool:
         verdict: dict[str, JsonValue] = {"approved": frame.approved}
         if frame.reason is not None:
             verdict["reason"] = frame.reason
-        outcome = self.ledger.resolve(
-            wait.execution_id, wait.seq, canonical_json(verdict), self.clock.now()
-        )
+        outcome = self.ledger.resolve(execution_id, seq, canonical_json(verdict), self.clock.now())
         if not outcome.ok:
-            self.ledger.reject(
-                wait.execution_id, wait.seq, _error_json("invalid_output", outcome.message),
+            outcome = self.ledger.reject(
+                execution_id, seq, _error_json("invalid_output", outcome.message),
                 self.clock.now(),
             )  # fmt: skip
-        wait.future.set_result(None)
+        return outcome.ok
+
+    def _elsewhere(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
+        """An approval for a run on another process: answered in the ledger, its run woken."""
+        problem = f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
+        found = self.ledger.approval_step(peer.session, frame.tool_call_id) if self.shared else None
+        if found is None:
+            return problem
+        step, owner = found
+        if not self._answer(step.execution_id, step.seq, frame):
+            return problem  # answered meanwhile
+        if owner is not None and owner != self.ledger.owner:
+            self.ledger.notify(owner, "settled", "", step.execution_id, str(step.seq), "page")
         return None
 
     def wake(self, execution_id: str, seq: int) -> bool:

@@ -16,16 +16,21 @@ the same numbering and can skip what it already has.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import JsonValue
 
 from clienttools.protocol import ChunkFrame, EndFrame, ErrorFrame, StartFrame, WireModel
 
+from .ledger import canonical_json
+
 Send = Callable[[WireModel], None]
 Chunk = dict[str, JsonValue]
+# What sees every chunk as it is appended, with its sequence, and then the end
+# (None) with the sequence after the last chunk: the shared chunk log's writer.
+Tap = Callable[[int, Chunk | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +39,32 @@ class Subscriber:
     # Whatever identifies the peer (a connection id), so a closed peer can be dropped.
     owner: str
     send: Send
+    # The last sequence it has: a log that mirrors another process's (shared_stream.py)
+    # may be behind what the page saw there.
+    after: int = -1
 
 
 class ChunkLog:
-    """The chunks of one response, numbered from 0, and who is listening."""
+    """The chunks of one response, numbered from 0, and who is listening.
 
-    def __init__(self, chat_id: str) -> None:
+    ``published``: the chunks another process already streamed for this
+    response (a run taken over after its owner died, docs/scaling.md). They
+    are the log's first chunks, and the replayed run's chunks equal to one of
+    them are not appended again: a replay produces the recorded part of the
+    response again, but the outputs of parallel tool calls in the order of the
+    replay rather than of their completion, so matching by value, not by
+    position, keeps the published numbering.
+    """
+
+    def __init__(self, chat_id: str, published: Sequence[Chunk] = ()) -> None:
         self.chat_id = chat_id
-        self.chunks: list[Chunk] = []
+        self.chunks: list[Chunk] = list(published)
         self.finished = False
         self._subscribers: dict[str, Subscriber] = {}
+        self.tap: Tap | None = None
+        # canonical JSON -> how many published chunks of that value the replay has
+        # not produced yet
+        self._unreplayed: Counter[str] = Counter(canonical_json(c) for c in published)
 
     @property
     def request_ids(self) -> frozenset[str]:
@@ -58,7 +79,11 @@ class ChunkLog:
         if self.finished:
             send(EndFrame(request_id=request_id))
             return
-        self._subscribers[request_id] = Subscriber(request_id, owner, send)
+        self._subscribers[request_id] = Subscriber(request_id, owner, send, first - 1)
+
+    def end_replay(self) -> None:
+        """Take every chunk appended from now on as a new one (a log that mirrors another's)."""
+        self._unreplayed.clear()
 
     def unsubscribe(self, request_id: str) -> None:
         self._subscribers.pop(request_id, None)
@@ -70,16 +95,28 @@ class ChunkLog:
     def append(self, chunk: Chunk) -> None:
         if self.finished:
             raise RuntimeError("chunk appended to a finished response")
+        if self._unreplayed:
+            key = canonical_json(chunk)
+            if self._unreplayed[key] > 0:
+                self._unreplayed[key] -= 1
+                if not self._unreplayed[key]:
+                    del self._unreplayed[key]
+                return  # published already, under its own sequence
         sequence = len(self.chunks)
         self.chunks.append(chunk)
+        if self.tap is not None:
+            self.tap(sequence, chunk)
         for sub in list(self._subscribers.values()):
-            sub.send(ChunkFrame(request_id=sub.request_id, sequence=sequence, chunk=chunk))
+            if sequence > sub.after:
+                sub.send(ChunkFrame(request_id=sub.request_id, sequence=sequence, chunk=chunk))
 
     def finish(self, error_text: str | None = None) -> None:
         """End the response for every subscriber: ``end``, or ``error`` with a generic text."""
         if self.finished:
             return
         self.finished = True
+        if self.tap is not None:
+            self.tap(len(self.chunks), None)
         for sub in list(self._subscribers.values()):
             if error_text is None:
                 sub.send(EndFrame(request_id=sub.request_id))

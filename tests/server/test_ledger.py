@@ -701,9 +701,14 @@ def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresSer
     with PostgresLedger(url) as ledger:
         execution_id, seq = _tool_step(ledger)
     with psycopg.connect(url) as raw:
-        for column in ("owner", "generation", "lease_until"):
+        raw.execute("DROP TABLE chunks")
+        for column in ("owner", "generation", "lease_until", "chat_id"):
             raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+        for column in ("target_connection", "target_client_id", "tool_call_id"):
+            raw.execute(f"ALTER TABLE steps DROP COLUMN {column}")
+        raw.execute("DROP TABLE processes, registrations")
+        raw.execute("DROP SEQUENCE registration_order")
         raw.execute("UPDATE ledger_schema SET version = 1")
     with PostgresLedger(url) as ledger:
         step = ledger.get_step(execution_id, seq)
@@ -1043,3 +1048,104 @@ def test_a_sqlite_file_takes_over_what_another_instance_held(tmp_path: Path) -> 
         [taken] = after.take_over(T0 + 1)
         assert (taken.id, taken.generation) == (execution.id, 2)
         assert after.take_over(T0 + 2) == []  # its own, live
+
+
+# --------------------------------------------------------------------------- registrations (S2)
+
+
+def test_registrations_are_ordered_and_a_page_that_moved_leaves_its_old_one(
+    ledger: Ledger,
+) -> None:
+    ledger.keep_alive(T0)
+    first = ledger.register("conn-1", "s", "page-a", '[{"name":"t"}]')
+    second = ledger.register("conn-2", "s", "page-b", "[]")
+    ledger.register("conn-9", "other", "page-a", "[]")  # another session: untouched
+    assert first < second
+    assert [r.connection_id for r in ledger.registrations("s", T0)] == ["conn-1", "conn-2"]
+    [one] = [r for r in ledger.registrations("s", T0) if r.connection_id == "conn-1"]
+    assert (one.session, one.process_id, one.client_id, one.tools_json) == (
+        "s", ledger.owner, "page-a", '[{"name":"t"}]',
+    )  # fmt: skip
+    # page-a again, on a new connection: its old registration goes; the new one is newest.
+    third = ledger.register("conn-3", "s", "page-a", "[]")
+    assert third > second
+    assert [r.connection_id for r in ledger.registrations("s", T0)] == ["conn-2", "conn-3"]
+    assert not ledger.registered("conn-1", T0) and ledger.registered("conn-3", T0)
+    # The same connection registering again is newest again.
+    assert ledger.register("conn-2", "s", "page-b", "[]") > third
+    assert [r.connection_id for r in ledger.registrations("s", T0)] == ["conn-3", "conn-2"]
+    ledger.unregister("conn-2")
+    ledger.unregister("conn-2")  # twice: nothing more
+    assert [r.connection_id for r in ledger.registrations("s", T0)] == ["conn-3"]
+    assert [r.connection_id for r in ledger.registrations("other", T0)] == ["conn-9"]
+
+
+def test_keep_alive_names_this_process_alive(ledger: Ledger) -> None:
+    assert ledger.owner in ledger.keep_alive(T0)
+
+
+def test_the_registrations_of_a_dead_process_do_not_count(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    lease = 10.0
+    with PostgresLedger(url, lease=lease) as a, PostgresLedger(url, lease=lease) as b:
+        assert a.keep_alive(T0) == {a.owner}
+        assert b.keep_alive(T0) == {a.owner, b.owner}
+        a.register("on-a", "s", "page-a", "[]")
+        b.register("on-b", "s", "page-b", "[]")
+        assert [r.process_id for r in b.registrations("s", T0 + 1)] == [a.owner, b.owner]
+        # a stops renewing: past its lease it is dead to b, though its rows are there.
+        later = T0 + lease + 1
+        assert b.keep_alive(later) == {b.owner}
+        assert [r.connection_id for r in b.registrations("s", later)] == ["on-b"]
+        assert not b.registered("on-a", later) and b.registered("on-b", later)
+        # A process counts its own registrations whatever its row says.
+        assert [r.connection_id for r in a.registrations("s", later)] == ["on-a", "on-b"]
+        # Back from a stall (SIGSTOP): its registrations count again.
+        a.keep_alive(later)
+        assert [r.connection_id for r in b.registrations("s", later)] == ["on-a", "on-b"]
+        # Then dead for ten leases (past its renewal to later + lease): its rows go.
+        b.keep_alive(later + 11 * lease + 1)
+        with psycopg.connect(url) as raw:
+            assert raw.execute("SELECT connection_id FROM registrations").fetchall() == [("on-b",)]
+            assert raw.execute("SELECT id FROM processes").fetchall() == [(b.owner,)]
+
+
+def test_an_attempt_records_where_its_invoke_went(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution_id, seq = _tool_step(ledger)
+        ledger.add_attempt(execution_id, seq, T0, target_connection="c1", target_client_id="p")
+        step = ledger.get_step(execution_id, seq)
+        assert step is not None and (step.target_connection, step.target_client_id) == ("c1", "p")
+        ledger.add_attempt(execution_id, seq, T0, target_connection="c2", target_client_id="p\x00")
+        [again] = ledger.steps(execution_id)
+        assert (again.attempts, again.target_connection, again.target_client_id) == (
+            2, "c2", "p\x00",
+        )  # fmt: skip
+
+
+def test_the_pending_calls_last_invoked_on_a_connection(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution_id, _ = _tool_step(ledger)
+        ledger.record_step(execution_id, 1, "tool", "t", "{}", "client", T0, "req-1")
+        ledger.record_step(execution_id, 2, "tool", "t", "{}", "client", T0, "req-2")
+        ledger.add_attempt(execution_id, 1, T0, target_connection="c1", target_client_id="p")
+        ledger.add_attempt(execution_id, 2, T0, target_connection="c2", target_client_id="p")
+        assert ledger.delivered_to(["c1", "c9"]) == [("req-1", "c1", ledger.owner)]
+        ledger.resolve(execution_id, 1, "1", T0)
+        assert ledger.delivered_to(["c1", "c2"]) == [("req-2", "c2", ledger.owner)]
+        assert ledger.delivered_to([]) == []
+    with SqliteLedger(":memory:") as sqlite:
+        assert sqlite.delivered_to(["c1"]) == []
+
+
+def test_an_approval_is_found_by_its_tool_call_id_in_its_session(postgres: PostgresServer) -> None:
+    with PostgresLedger(postgres.fresh_url()) as ledger:
+        execution = ledger.start_execution("s", "{}", now=T0)
+        ledger.record_step(execution.id, 0, "tool", "approval:t", "{}", "approval", T0)
+        assert ledger.approval_step("s", "call-1") is None  # not marked yet
+        ledger.mark_approval(execution.id, 0, "call-1")
+        found = ledger.approval_step("s", "call-1")
+        assert found is not None and (found[0].seq, found[1]) == (0, ledger.owner)
+        assert ledger.approval_step("other", "call-1") is None
+        ledger.resolve(execution.id, 0, '{"approved":true}', T0)
+        assert ledger.approval_step("s", "call-1") is None  # answered: pending no more

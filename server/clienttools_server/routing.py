@@ -1,0 +1,188 @@
+"""Which connection a browser call goes to when several processes share the ledger (S2).
+
+Every connection that registers tools is a row of the ledger's
+``registrations`` (its process, its session, its registration order, drawn
+from one sequence for the whole cluster, and its tools). The session's most
+recent live registration that offers a tool gets the call: a connection of
+this process, or a :class:`RemotePeer` on another one. A remote peer looks like
+any other :class:`~clienttools_server.proxy.Peer` to the proxy; its ``send``
+turns the invoke or the cancel into a notification to its process (ids only;
+the receiver reads the step row and sends the real frame to its socket).
+
+Notification kinds of the routing (``ledger.notify``; args are strings):
+
+- ``invoke`` to the page's process: connection, request id, tool call id,
+  timeout ms, attempt. It reads the step, sends the invoke to that connection
+  and remembers it relayed the call, for which process (a ``Relay``).
+- ``cancel`` to the page's process: connection, request id, reason. It sends
+  the cancel to the page.
+- ``settled`` to the run's owner (or all, for a settle from outside): request
+  id, execution id, seq, ``page`` or ``outside``. It reads the step and wakes
+  the run waiting for it.
+- ``progress`` to the run's owner: request id, progress. It restarts the
+  call's idle clock.
+- ``gone`` to the run's owner: request id, connection. The invoke's
+  connection closed: S4 (re-deliver, or fail).
+- ``registered`` to all: session. Each delivers the session's waiting calls
+  (S4 wait; S2 picks the newest), and reads its registrations again.
+- ``unregistered`` to all: session. A connection of it closed: each reads its
+  registrations again.
+- ``expired`` to all: execution ids. Each releases their calls and approvals.
+
+    peers = Peers(ledger, local_connection)
+    peer = peers.find(session, "get_location", now)   # a Client here, a RemotePeer, or None
+    peer.send(InvokeFrame(...))                       # a remote one: a notification
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from clienttools.protocol import CancelFrame, InvokeFrame, ToolSpec, WireModel
+
+from .ledger import Ledger, Registration
+
+logger = logging.getLogger(__name__)
+
+# Parsed tool lists of registrations, by (connection, order): a row's tools never
+# change under one order, so parsing them once per process is enough.
+MAX_PARSED = 4_096
+# Notification kinds (see the table above).
+INVOKE, CANCEL, SETTLED, PROGRESS, GONE, REGISTERED, UNREGISTERED, EXPIRED = (
+    "invoke", "cancel", "settled", "progress", "gone", "registered", "unregistered", "expired",
+)  # fmt: skip
+# Expired execution ids per notification: well under PostgreSQL's 8,000-byte payload.
+EXPIRED_PER_NOTIFICATION = 100
+
+
+def tools_json(tools: Mapping[str, ToolSpec]) -> str:
+    """A registration's tools as the ledger stores them: a JSON list of wire specs."""
+    return json.dumps(
+        [spec.model_dump(mode="json", by_alias=True, exclude_none=True) for spec in tools.values()],
+        separators=(",", ":"),
+    )
+
+
+@dataclass(eq=False, slots=True)
+class RemotePeer:
+    """A connection on another process, as the proxy sees it (a ``Peer``)."""
+
+    ledger: Ledger
+    process_id: str
+    connection_id: str
+    session: str
+    client_id: str | None
+    tools: Mapping[str, ToolSpec]
+    # What the proxy's `is_open` checks cost: one read each, so a peer known to be
+    # gone (its process told us, or died) says so without asking again.
+    gone: bool = False
+    now: Callable[[], float] = field(default=lambda: 0.0)
+
+    @property
+    def id(self) -> str:
+        return self.connection_id
+
+    @property
+    def is_open(self) -> bool:
+        """Its process is alive and its registration row is there."""
+        if self.gone:
+            return False
+        if not self.ledger.registered(self.connection_id, self.now()):
+            self.gone = True
+        return not self.gone
+
+    def tool_spec(self, name: str) -> ToolSpec | None:
+        return self.tools.get(name)
+
+    def send(self, frame: WireModel) -> None:
+        if isinstance(frame, InvokeFrame):
+            self.ledger.notify(
+                self.process_id, INVOKE, self.connection_id, frame.request_id,
+                frame.tool_call_id, str(frame.timeout_ms or 0), str(frame.attempt),
+            )  # fmt: skip
+        elif isinstance(frame, CancelFrame):
+            self.ledger.notify(
+                self.process_id, CANCEL, self.connection_id, frame.request_id, frame.reason
+            )
+        else:
+            raise TypeError(f"a remote peer relays invokes and cancels, not {type(frame).__name__}")
+
+
+class Peers:
+    """The session's registrations across the cluster, as peers to send calls to."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        local: Callable[[str], Mapping[str, ToolSpec] | None],
+        now: Callable[[], float],
+    ) -> None:
+        self.ledger = ledger
+        # The tools of one of this process's open connections, by id (None: not open here).
+        self._local = local
+        self._now = now
+        self._parsed: OrderedDict[tuple[str, int], dict[str, ToolSpec]] = OrderedDict()
+        # The registrations of each session as last read: a browser call reads none
+        # (the ledger's round trips block the event loop). Forgotten when a process
+        # says the session's registrations changed, and all at each heartbeat.
+        # (A process that died meanwhile is found out at the heartbeat: its calls
+        # are delivered again, from registrations read again.)
+        self._cache: dict[str, list[Registration]] = {}
+
+    def forget(self, session: str) -> None:
+        """The session's registrations changed (here, or a process said so)."""
+        self._cache.pop(session, None)
+
+    def refresh(self) -> None:
+        """At each heartbeat: read every session's registrations again."""
+        self._cache.clear()
+
+    def tools_of(self, registration: Registration) -> dict[str, ToolSpec]:
+        key = (registration.connection_id, registration.order)
+        tools = self._parsed.get(key)
+        if tools is None:
+            tools = {}
+            try:
+                for raw in json.loads(registration.tools_json):
+                    spec = ToolSpec.model_validate(raw)
+                    tools[spec.name] = spec
+            except (ValueError, ValidationError):
+                logger.warning("ignoring unreadable tools of %s", registration.connection_id)
+            self._parsed[key] = tools
+            while len(self._parsed) > MAX_PARSED:
+                self._parsed.popitem(last=False)
+        else:
+            self._parsed.move_to_end(key)
+        return tools
+
+    def live(self, session: str) -> list[tuple[Registration, Mapping[str, ToolSpec]]]:
+        """The session's live registrations, oldest first, each with its tools.
+
+        One of this process's connections counts only while it is open here.
+        """
+        registrations = self._cache.get(session)
+        if registrations is None:
+            registrations = self.ledger.registrations(session, self._now())
+            self._cache[session] = registrations
+        found: list[tuple[Registration, Mapping[str, ToolSpec]]] = []
+        for registration in registrations:
+            if registration.process_id == self.ledger.owner:
+                tools = self._local(registration.connection_id)
+                if tools is not None:
+                    found.append((registration, tools))
+            else:
+                found.append((registration, self.tools_of(registration)))
+        return found
+
+    def remote(self, registration: Registration) -> RemotePeer:
+        return RemotePeer(
+            self.ledger, registration.process_id, registration.connection_id,
+            registration.session, registration.client_id, self.tools_of(registration),
+            now=self._now,
+        )  # fmt: skip

@@ -1,0 +1,510 @@
+"""A chat's response across server processes: the shared chunk log in PostgreSQL.
+
+A response streams from the process that owns its run, from its
+:class:`~clienttools_server.stream.ChunkLog` in memory, as on one process.
+With a shared ledger (PostgreSQL, docs/scaling.md) that owner also writes the
+log's chunks to the ``chunks`` table (execution id, seq, chunk JSON; one row
+with no JSON after the last chunk: the response ended), so that any other
+process can serve a page's ``resume``:
+
+- **The owner** (:class:`Publisher`) writes the chunks in batches: one
+  ``INSERT`` a little after a chunk (``FLUSH_DELAY`` while another process
+  follows the response, ``UNFOLLOWED_FLUSH_DELAY`` while none does; a burst
+  is one statement), and at once at the end. The insert is fenced by the lease's
+  generation (a process that lost the run writes nothing) and skips rows that
+  exist (a retried batch). In the same statement it notifies (``chunks``) the
+  processes that follow the response: those that told it so (``follow``).
+- **A follower** (:class:`Follower`) on another process mirrors the rows into
+  a ChunkLog of its own and subscribes the page to it through the same
+  ``log.subscribe(...)`` as a local resume: so the page gets ``start``, the
+  chunks after its ``lastSequence``, and then each new chunk with the owner's
+  sequence, and ``end``. It reads on each notification, on the bus's
+  reconnect (notifications may have been lost) and every ``poll`` seconds
+  (a safety net), and tells each new owner it finds ``follow``.
+- **A take-over**: the new owner seeds the run's ChunkLog with the chunks
+  published so far (:meth:`SharedStreams.published`), so the replayed run
+  continues the numbering the pages saw instead of starting over, and tells
+  every process (``chunks``), so their followers find the new owner at once.
+- **abort** on a follower's process reaches the owner (``abort-run``); a
+  ``send`` for a chat with an unfinished execution is refused by the ledger
+  (:class:`~clienttools_server.ledger.ChatBusy`).
+
+Rows go once the response finished more than the resume grace ago (from the
+expiry loop), or with their execution. On SQLite (one process) none of this
+runs: the hub serves every resume from memory.
+
+    streams = SharedStreams(ledger, bus, clock, grace=300.0, poll=10.0,
+                            abort_run=hub.abort_run, lease_lost=hub.lease_lost)
+    streams.start()
+    streams.publish(execution_id, log)                      # the owner, at launch
+    streams.resume(client, frame)                           # a page's resume, no local log
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from clienttools.protocol import AbortFrame, NoActiveFrame, ResumeFrame, WireModel
+
+from .clock import Clock, Timer, sleep
+from .cluster import encode
+from .ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable, canonical_json
+from .ledger_postgres import _escape
+from .stream import Chunk, ChunkLog
+
+logger = logging.getLogger(__name__)
+
+# Notification kinds (cluster.Bus), each with one argument: the execution id.
+CHUNKS = "chunks"  # to a follower: the execution's chunks grew (read them)
+FOLLOW = "follow-chunks"  # to the owner: tell me when its chunks grow
+ABORT = "abort-run"  # to the owner: a page aborted the response on another process
+
+# Seconds the owner waits after a chunk before it writes it, with those that
+# follow it in the meantime: a model streams its deltas in bursts. Short while
+# another process follows the response (its page waits for them); long while
+# none does, when the rows are there for a page that may resume elsewhere later
+# (and for the process that takes the run over), and a chat that ends sooner
+# costs one statement: the one at its end.
+FLUSH_DELAY = 0.02
+UNFOLLOWED_FLUSH_DELAY = 0.5
+# Seconds before a write that met an unreachable database is tried again.
+RETRY_DELAY = 1.0
+
+# The lease's fence, as every write of the ledger for a run carries it (ledger_postgres.py).
+_FENCE = (
+    "EXISTS (SELECT 1 FROM executions WHERE id = %s "
+    "AND generation = COALESCE(%s::bigint, generation) FOR NO KEY UPDATE)"
+)
+_APPEND = (
+    "WITH ins AS (INSERT INTO chunks (execution_id, seq, chunk_json) "
+    "SELECT %s, r.seq, r.chunk FROM unnest(%s::bigint[], %s::text[]) AS r (seq, chunk) "
+    f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING RETURNING 1), "
+    "told AS (SELECT pg_notify(c, %s) FROM unnest(%s::text[]) AS c "
+    "WHERE EXISTS (SELECT 1 FROM ins)) "
+    "SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM told)"
+)
+_READ = (
+    "SELECT e.status, e.owner, e.updated_at, c.seq, c.chunk_json FROM executions AS e "
+    "LEFT JOIN chunks AS c ON c.execution_id = e.id AND c.seq > %s "
+    "WHERE e.id = %s ORDER BY c.seq"
+)
+_LATEST = (
+    "SELECT id, status, owner, updated_at FROM executions "
+    "WHERE session = %s AND chat_id = %s ORDER BY created_at DESC, id DESC LIMIT 1"
+)
+_PRUNE = (
+    "DELETE FROM chunks AS c USING executions AS e WHERE c.execution_id = e.id "
+    "AND e.status = ANY(%s) AND e.updated_at < %s"
+)
+
+
+class SharedLedger(Protocol):
+    """What the shared chunk log needs of the PostgreSQL ledger."""
+
+    @property
+    def owner(self) -> str: ...
+
+    def channel(self, process_id: str | None) -> str: ...
+
+    def notify(self, process_id: str | None, kind: str, *args: str) -> None: ...
+
+    def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]: ...
+
+    def held(self, execution_id: str) -> int | None: ...
+
+    def lease_lost(self, execution_id: str, held: int) -> None: ...
+
+
+class Notifications(Protocol):
+    """The receiving end of the bus (cluster.Bus)."""
+
+    def on(self, kind: str, handler: Callable[[str, tuple[str, ...]], None]) -> None: ...
+
+    def on_reconnect(self, handler: Callable[[], None]) -> None: ...
+
+
+class Peer(Protocol):
+    """A connection, as far as a resume needs it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def session(self) -> str: ...
+
+    def send(self, frame: WireModel) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """Where an execution stands, as a follower needs it."""
+
+    execution_id: str
+    status: str
+    owner: str | None
+    updated_at: float
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+# One row of the chunks table: (seq, chunk JSON, or None for the end).
+Row = tuple[int, str | None]
+
+
+class ChunkStore:
+    """The ``chunks`` table: one statement per call."""
+
+    def __init__(self, ledger: SharedLedger) -> None:
+        self.ledger = ledger
+
+    def append(self, execution_id: str, rows: Sequence[Row], notify: Sequence[str]) -> int:
+        """Write rows (those already there are skipped) and notify ``notify`` (process ids).
+
+        Returns how many rows were new. LeaseLost if another process took the run over.
+        """
+        held = self.ledger.held(execution_id)
+        payload = encode(self.ledger.owner, CHUNKS, (execution_id,))
+        [(inserted, _)] = self.ledger.statement(
+            _APPEND,
+            (
+                execution_id, [seq for seq, _ in rows], [text for _, text in rows],
+                execution_id, held, payload, [self.ledger.channel(p) for p in notify],
+            ),
+        )  # fmt: skip
+        if not inserted and held is not None:
+            self.ledger.lease_lost(execution_id, held)  # raises if the fence refused them
+        return int(inserted)
+
+    def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Row]]:
+        """The execution's head and its rows after seq ``after`` (None: no such execution)."""
+        found = self.ledger.statement(_READ, (after, execution_id))
+        if not found:
+            return None, []
+        status, owner, updated_at = found[0][:3]
+        head = Head(execution_id, str(status), owner, float(updated_at))
+        return head, [(int(seq), text) for *_, seq, text in found if seq is not None]
+
+    def latest(self, session: str, chat_id: str) -> Head | None:
+        """The newest execution of a session's chat."""
+        found = self.ledger.statement(_LATEST, (_escape(session), _escape(chat_id)))
+        if not found:
+            return None
+        execution_id, status, owner, updated_at = found[0]
+        return Head(str(execution_id), str(status), owner, float(updated_at))
+
+    def prune(self, cutoff: float) -> int:
+        """Delete the rows of responses that finished before ``cutoff``."""
+        deleted = self.ledger.statement(
+            f"WITH gone AS ({_PRUNE} RETURNING 1) SELECT count(*) FROM gone",
+            (sorted(FINISHED_STATUSES), cutoff),
+        )
+        return int(deleted[0][0])
+
+
+class Publisher:
+    """The owner's side of one response: its chunks into the table, its followers told."""
+
+    def __init__(self, streams: SharedStreams, execution_id: str, log: ChunkLog) -> None:
+        self.streams = streams
+        self.execution_id = execution_id
+        self.pending: list[Row] = []
+        # The processes that follow the response (they told us so).
+        self.followers: set[str] = set()
+        self.done = False
+        self._timer: Timer | None = None
+        log.tap = self.tap
+
+    def tap(self, seq: int, chunk: Chunk | None) -> None:
+        """A chunk appended to the log (None: the end); never raises into the run."""
+        if self.done:
+            return
+        self.pending.append((seq, None if chunk is None else canonical_json(chunk)))
+        if chunk is None:
+            self.flush()
+        elif self._timer is None:
+            delay = FLUSH_DELAY if self.followers else UNFOLLOWED_FLUSH_DELAY
+            self._timer = self.streams.clock.call_later(delay, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.done or not self.pending:
+            return
+        try:
+            self.streams.store.append(self.execution_id, self.pending, sorted(self.followers))
+        except LeaseLost:
+            self.stop()  # the new owner writes the rest
+            self.streams.lease_lost(self.execution_id)  # and the run stops here
+            return
+        except LedgerUnavailable as exc:
+            logger.warning("response of run %s: %s; writing it again soon", self.execution_id, exc)
+            self._timer = self.streams.clock.call_later(RETRY_DELAY, self.flush)
+            return
+        except Exception:
+            logger.exception("writing the response of run %s failed", self.execution_id)
+            self._timer = self.streams.clock.call_later(RETRY_DELAY, self.flush)
+            return
+        ended = self.pending[-1][1] is None
+        self.pending = []
+        self.streams.flushed(self.execution_id)
+        if ended:
+            self.stop()
+
+    def stop(self) -> None:
+        self.done = True
+        self.pending = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.streams.publishers.get(self.execution_id) is self:
+            del self.streams.publishers[self.execution_id]
+
+
+class Follower:
+    """A response streaming on another process, mirrored from the table into a ChunkLog."""
+
+    def __init__(
+        self, streams: SharedStreams, execution_id: str, session: str, log: ChunkLog
+    ) -> None:
+        self.streams = streams
+        self.execution_id = execution_id
+        self.session = session
+        self.owner: str | None = None
+        self.log = log
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.log.chunks)
+
+    def refresh(self) -> None:
+        """Read the rows past the mirror's end into it; follow a new owner; end when ended."""
+        if self.log.finished:
+            return
+        head, rows = self.streams.store.read(self.execution_id, self.next_seq - 1)
+        for seq, text in rows:
+            if seq != self.next_seq:
+                break  # not written yet (cannot happen: the owner writes them in order)
+            if text is None:
+                self._end()
+                return
+            self.log.append(json.loads(text))
+        if head is None:
+            self._end()  # pruned with its execution
+            return
+        if head.owner != self.owner:
+            self.owner = head.owner
+            # A run of this process tells this follower itself (SharedStreams.flushed).
+            if head.owner not in (None, self.streams.ledger.owner) and not head.finished:
+                self.streams.tell(head.owner, FOLLOW, self.execution_id)
+        # The owner writes the end right after the status, and tries again while
+        # the database is away: a run finished for longer than a poll with no end
+        # written had an owner that died in between.
+        stale = self.streams.clock.now() - head.updated_at > self.streams.poll
+        if head.finished and not rows and stale:
+            self._end()
+
+    def _end(self) -> None:
+        self.log.finish()
+        self.streams.forget(self)
+
+
+class SharedStreams:
+    """What the hub does with chat streams when the ledger is shared by several processes."""
+
+    def __init__(
+        self,
+        ledger: SharedLedger,
+        bus: Notifications,
+        clock: Clock,
+        *,
+        grace: float,
+        poll: float,
+        abort_run: Callable[[str], bool],
+        lease_lost: Callable[[str], None],
+    ) -> None:
+        self.ledger = ledger
+        self.store = ChunkStore(ledger)
+        self.clock = clock
+        self.grace = grace
+        self.poll = poll
+        self._abort_run = abort_run
+        # The ledger raises LeaseLost once per run: whoever meets it tells the hub.
+        self.lease_lost = lease_lost
+        self.publishers: dict[str, Publisher] = {}
+        self.followers: dict[str, Follower] = {}
+        self._poller: asyncio.Task[None] | None = None
+        bus.on(CHUNKS, self._on_chunks)
+        bus.on(FOLLOW, self._on_follow)
+        bus.on(ABORT, self._on_abort)
+        bus.on_reconnect(self.refresh_all)
+
+    def start(self) -> None:
+        self._poller = asyncio.create_task(self._poll())
+
+    async def close(self) -> None:
+        """Write what is still unwritten (a shutdown: the response goes on elsewhere)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        for publisher in list(self.publishers.values()):
+            publisher.flush()
+            publisher.stop()
+
+    # -- the owner ------------------------------------------------------------------
+
+    def published(self, execution_id: str) -> tuple[list[Chunk], bool]:
+        """The chunks published for a run so far, and whether its response ended."""
+        _, rows = self.store.read(execution_id, -1)
+        chunks: list[Chunk] = []
+        for seq, text in rows:
+            if seq != len(chunks):
+                break
+            if text is None:
+                return chunks, True
+            chunks.append(json.loads(text))
+        return chunks, False
+
+    def publish(
+        self, execution_id: str, log: ChunkLog, *, ended: bool = False, taken: bool = False
+    ) -> None:
+        """Write the log's chunks from now on (``ended``: its published response is over).
+
+        ``taken``: the run was taken over from another process, so whoever follows
+        its response follows that one: every process is told to read again, and
+        finds this one the owner.
+        """
+        publisher = Publisher(self, execution_id, log)
+        if ended:
+            publisher.done = True
+            return
+        self.publishers[execution_id] = publisher
+        if taken:
+            with contextlib.suppress(LedgerUnavailable):
+                self.ledger.notify(None, CHUNKS, execution_id)
+
+    def flushed(self, execution_id: str) -> None:
+        """This process wrote rows of a run: a follower here reads them (no bus needed)."""
+        follower = self.followers.get(execution_id)
+        if follower is not None:
+            self._refresh(follower)
+
+    def _on_follow(self, sender: str, args: tuple[str, ...]) -> None:
+        if not args:
+            return
+        execution_id = args[0]
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            publisher.followers.add(sender)
+            publisher.flush()
+        # Whatever was written before the follower was known: it reads it now.
+        self.tell(sender, CHUNKS, execution_id)
+
+    def _on_abort(self, sender: str, args: tuple[str, ...]) -> None:
+        if args and not self._abort_run(args[0]):
+            logger.info("abort of run %s from %s: not running here", args[0], sender)
+
+    # -- a follower -----------------------------------------------------------------
+
+    def resume(self, client: Peer, frame: ResumeFrame) -> None:
+        """S7 for a response that does not stream on this process: follow it from the table.
+
+        As on the owner: a response that is still going on, or (with
+        ``lastSequence``) one that finished within the resume grace.
+        """
+        head = self.store.latest(client.session, frame.id)
+        if head is None or (
+            head.finished
+            and (frame.last_sequence is None or head.updated_at < self.clock.now() - self.grace)
+        ):
+            client.send(NoActiveFrame(request_id=frame.request_id))
+            return
+        follower = self.followers.get(head.execution_id)
+        if follower is None:
+            follower = self.follow(head.execution_id, client.session, ChunkLog(frame.id))
+        follower.log.subscribe(frame.request_id, client.id, client.send, after=frame.last_sequence)
+        if follower.log.finished:
+            self.forget(follower)
+
+    def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
+        """Mirror the run's published chunks into ``log`` from its end on.
+
+        A fresh log, or the log of a run this process lost to another one (its
+        lease lapsed): the chat sockets that followed it here keep following,
+        now from the new owner's record.
+        """
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            publisher.stop()  # the lost run's: the new owner writes the record now
+        log.tap = None
+        log.end_replay()
+        follower = Follower(self, execution_id, session, log)
+        self.followers[execution_id] = follower
+        self._refresh(follower)
+        return follower
+
+    def abort(self, client: Peer, frame: AbortFrame) -> bool:
+        """An abort of a response followed here: tell its owner; False if none is followed."""
+        for follower in self.followers.values():
+            if follower.session == client.session and frame.request_id in follower.log.request_ids:
+                head, _ = self.store.read(follower.execution_id, follower.next_seq)
+                owner = head.owner if head is not None else None
+                if owner == self.ledger.owner:
+                    self._abort_run(follower.execution_id)
+                elif owner is not None:
+                    self.tell(owner, ABORT, follower.execution_id)
+                return True
+        return False
+
+    def drop_owner(self, owner: str) -> None:
+        """A connection closed: its subscriptions go, and the followers nobody listens to."""
+        for follower in list(self.followers.values()):
+            follower.log.drop_owner(owner)
+            if not follower.log.request_ids:
+                self.forget(follower)
+
+    def forget(self, follower: Follower) -> None:
+        if self.followers.get(follower.execution_id) is follower:
+            del self.followers[follower.execution_id]
+
+    def _on_chunks(self, sender: str, args: tuple[str, ...]) -> None:
+        follower = self.followers.get(args[0]) if args else None
+        if follower is not None:
+            self._refresh(follower)
+
+    def refresh_all(self) -> None:
+        for follower in list(self.followers.values()):
+            self._refresh(follower)
+
+    def _refresh(self, follower: Follower) -> None:
+        try:
+            follower.refresh()
+        except LedgerUnavailable as exc:
+            logger.warning("following run %s: %s", follower.execution_id, exc)
+        except Exception:
+            logger.exception("following run %s failed", follower.execution_id)
+
+    async def _poll(self) -> None:
+        while True:
+            await sleep(self.clock, self.poll)
+            self.refresh_all()
+
+    # -- both -----------------------------------------------------------------------
+
+    def tell(self, process_id: str, kind: str, execution_id: str) -> None:
+        """Notify one process; a database away loses it (the poll and a reconnect catch up)."""
+        with contextlib.suppress(LedgerUnavailable):
+            self.ledger.notify(process_id, kind, execution_id)
+
+    def prune(self, now: float) -> int:
+        """Delete the chunks of responses that finished more than the resume grace ago."""
+        return self.store.prune(now - self.grace)

@@ -1,0 +1,173 @@
+"""The bus between processes (clienttools_server.cluster) on a real PostgreSQL.
+
+Two ledgers on one schema stand for two server processes; each has its own Bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import psycopg
+import pytest
+
+from clienttools_server.cluster import Bus, decode, encode
+from clienttools_server.ledger import SqliteLedger
+from clienttools_server.ledger_postgres import PostgresLedger
+from tests.support.postgres import PostgresServer
+
+T0 = 1_000.0
+
+
+class Heard:
+    """What one bus received, by kind, and a way to wait for it."""
+
+    def __init__(self, bus: Bus, *kinds: str) -> None:
+        self.got: list[tuple[str, str, tuple[str, ...]]] = []
+        self.reconnects = 0
+        self._changed = asyncio.Event()
+        for kind in kinds:
+            bus.on(kind, self._handler(kind))
+        bus.on_reconnect(self._reconnected)
+
+    def _handler(self, kind: str) -> Callable[[str, tuple[str, ...]], None]:
+        def handle(sender: str, args: tuple[str, ...]) -> None:
+            self.got.append((kind, sender, args))
+            self._changed.set()
+
+        return handle
+
+    def _reconnected(self) -> None:
+        self.reconnects += 1
+        self._changed.set()
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self._changed.clear()
+                # Woken by what this bus hears; the bus's own state is polled.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.05)
+
+
+@contextlib.asynccontextmanager
+async def two_processes(url: str) -> AsyncIterator[tuple[PostgresLedger, Bus, PostgresLedger, Bus]]:
+    with PostgresLedger(url) as a, PostgresLedger(url) as b:
+        bus_a, bus_b = Bus(a), Bus(b)
+        try:
+            yield a, bus_a, b, bus_b
+        finally:
+            await bus_a.close()
+            await bus_b.close()
+
+
+async def test_a_notification_reaches_its_target_only_and_a_broadcast_all(
+    postgres: PostgresServer,
+) -> None:
+    async with two_processes(postgres.fresh_url()) as (a, bus_a, b, bus_b):
+        heard_a, heard_b = Heard(bus_a, "ping", "all"), Heard(bus_b, "ping", "all")
+        await bus_a.start()
+        await bus_b.start()
+        a.notify(b.owner, "ping", "x 1", '\u00e9"')
+        a.notify(None, "all", "y")
+        await heard_b.until(lambda: len(heard_b.got) == 2)
+        await heard_a.until(lambda: len(heard_a.got) == 1)
+        assert heard_b.got == [("ping", a.owner, ("x 1", '\u00e9"')), ("all", a.owner, ("y",))]
+        # The sender hears its own broadcast, never the other's direct one.
+        assert heard_a.got == [("all", a.owner, ("y",))]
+
+
+async def test_processes_of_another_schema_hear_nothing(postgres: PostgresServer) -> None:
+    async with two_processes(postgres.fresh_url()) as (a, bus_a, _b, _bus_b):
+        with PostgresLedger(postgres.fresh_url()) as elsewhere:
+            bus = Bus(elsewhere)
+            heard = Heard(bus, "all")
+            heard_a = Heard(bus_a, "all")
+            try:
+                await bus.start()
+                await bus_a.start()
+                elsewhere.notify(None, "all", "other schema")
+                a.notify(None, "all", "this schema")
+                await heard_a.until(lambda: bool(heard_a.got))
+                await heard.until(lambda: bool(heard.got))
+                assert [args for _, _, args in heard_a.got] == [("this schema",)]
+                assert [args for _, _, args in heard.got] == [("other schema",)]
+            finally:
+                await bus.close()
+
+
+async def test_a_notification_in_a_batch_comes_after_its_rows(postgres: PostgresServer) -> None:
+    async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
+        seen: list[object] = []
+
+        def read_the_step(sender: str, args: tuple[str, ...]) -> None:
+            step = b.get_step(args[0], int(args[1]))
+            seen.append(None if step is None else step.state)
+
+        bus_b.on("recorded", read_the_step)
+        await bus_b.start()
+        execution = a.start_execution("chat-1", "{}", T0)
+        with a.batch():
+            a.record_step(execution.id, 0, "tool", "t", "{}", "client", T0, "req-1")
+            a.notify(b.owner, "recorded", execution.id, "0")
+            # Not before the commit: the batch is still open here.
+            await asyncio.sleep(0.2)
+            assert seen == []
+        async with asyncio.timeout(10):
+            while not seen:
+                await asyncio.sleep(0.01)
+        assert seen == ["pending"]
+
+
+async def test_a_rolled_back_batch_notifies_nobody(postgres: PostgresServer) -> None:
+    async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
+        heard = Heard(bus_b, "lost", "after")
+        await bus_b.start()
+        with pytest.raises(psycopg.errors.DivisionByZero), a.batch():
+            a.notify(b.owner, "lost")
+            a._write_one("SELECT 1/0", ())  # a database error rolls the batch back
+        a.notify(b.owner, "after")
+        await heard.until(lambda: bool(heard.got))
+        assert [kind for kind, _, _ in heard.got] == ["after"]
+
+
+async def test_the_bus_reconnects_after_a_restart_of_postgresql(postgres: PostgresServer) -> None:
+    async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
+        heard = Heard(bus_b, "ping")
+        await bus_b.start()
+        a.notify(b.owner, "ping", "before")
+        await heard.until(lambda: len(heard.got) == 1)
+        postgres.stop()
+        try:
+            await heard.until(lambda: not bus_b.listening)
+        finally:
+            postgres.start_again()
+        await heard.until(lambda: heard.reconnects == 1, timeout=20)
+        assert bus_b.listening and bus_b.connects == 2
+        for _ in range(50):  # the pool reconnects by itself, within about 2 s
+            try:
+                a.notify(b.owner, "ping", "after")
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        await heard.until(lambda: len(heard.got) == 2)
+        assert [args for _, _, args in heard.got] == [("before",), ("after",)]
+
+
+def test_payloads_carry_any_id_and_refuse_what_is_not_ours() -> None:
+    assert decode(encode("p", "k", ("a b", "\\", "\u2603"))) == ("p", "k", ("a b", "\\", "\u2603"))
+    assert decode("not json") is None
+    assert decode('["only-one"]') is None
+    assert decode('{"a": 1}') is None
+    assert decode('["p", "k", 3]') is None
+    with pytest.raises(TypeError):
+        encode("p", "k", (3,))  # type: ignore[arg-type]
+
+
+def test_sqlite_has_one_process_and_refuses_to_notify_another() -> None:
+    with SqliteLedger(":memory:") as ledger:
+        ledger.notify(None, "anything")
+        ledger.notify(ledger.owner, "anything")
+        with pytest.raises(RuntimeError, match="one process"):
+            ledger.notify("another-process", "anything")
