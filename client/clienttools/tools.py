@@ -771,7 +771,7 @@ class Tool:
 
     def _dump_output(self, value: Any) -> tuple[JsonValue, str]:
         if type(value) in self._plain_outputs:
-            return value, self._dump_json(value)
+            return value, self._dump_json(value, protocol.plain_json)
         if _is_js_null(value):
             value = None
         if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
@@ -811,9 +811,9 @@ class Tool:
             ) from None
         return out, self._dump_json(out)
 
-    def _dump_json(self, out: JsonValue) -> str:
+    def _dump_json(self, out: JsonValue, dump: Callable[[Any], str] = protocol.dump_json) -> str:
         try:
-            return protocol.dump_json(out)
+            return dump(out)
         except ValueError:
             raise InvalidOutput(
                 f"tool {self.name!r} returned NaN or Infinity, which JSON cannot represent; "
