@@ -97,3 +97,13 @@ def test_plain_json_is_dump_json(value: object) -> None:
             p.plain_json(value)
     else:
         assert p.plain_json(value) == expected
+
+
+def test_wire_names_are_pydantics_camel_case() -> None:
+    from pydantic.alias_generators import to_camel
+
+    models = [m for m in vars(p).values() if isinstance(m, type) and issubclass(m, p.WireModel)]
+    names = {name for m in models for name in m.model_fields}
+    assert len(models) > 20 and "tool_call_id" in names
+    for name in names:
+        assert p.wire_name(name) == to_camel(name), name
