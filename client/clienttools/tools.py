@@ -378,6 +378,7 @@ _NAN_KEEPING: Final = ConfigDict(ser_json_inf_nan="constants")
 # Built on first use (a tool without a return annotation): not on every page's start-up.
 _ANY_OUTPUT_CONFIG: Final = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
 _ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_ANY_OUTPUT_CONFIG)
+_NAN_KEEPING_DEFERRED: Final = _ANY_OUTPUT_CONFIG
 _UNVALIDATED_RETURNS: Final = (Any, object)
 _EMPTY: Final = inspect.Parameter.empty
 # Return values whose JSON is their own `json.dumps`, with no pydantic validation or
@@ -432,8 +433,11 @@ class FunctionSchema:
 
     #: The docstring's first paragraph ("" without a docstring).
     description: str
-    #: The generated input model: fields p0, p1, ... aliased by parameter name.
-    input_model: type[BaseModel]
+    #: The generated input model: fields p0, p1, ... aliased by parameter name; None
+    #: while not built yet (a signature of plain parameters, see `_plain_input_schema`).
+    input_model: type[BaseModel] | None
+    #: Builds the input model (the one above, or the first time it is needed).
+    make_input_model: Callable[[], type[BaseModel]]
     #: `inputSchema`: an object with `properties`, `required` and no other properties.
     input_schema: dict[str, JsonValue]
     #: (internal field name, parameter name) per schema parameter, in signature order.
@@ -478,16 +482,28 @@ def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
         field_names.append((internal, param.name))
         fields[internal] = _parameter_field(param, annotation, doc_params.get(param.name))
 
-    input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
+    def make_input_model() -> type[BaseModel]:
+        return _input_model(fn, tool_name, fields, field_names)[0]
+
+    input_model: type[BaseModel] | None = None
+    input_schema = _plain_input_schema(fields)
+    if input_schema is None:
+        input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
     return_type = hints.get("return", _EMPTY)
     if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
         output_adapter, output_schema, validate_output = _ANY_OUTPUT, None, False
+    elif isinstance(return_type, type) and return_type in _PLAIN_RETURNS:
+        # Known schemas (a test compares them with pydantic's); the adapter is built
+        # on first use, for a value that is not already of the type (plain_outputs).
+        output_adapter = TypeAdapter(return_type, config=_NAN_KEEPING_DEFERRED)
+        output_schema, validate_output = _PLAIN_RETURNS[return_type], True
     else:
         output_adapter, output_schema = _output_adapter(tool_name, return_type)
         validate_output = True
     return FunctionSchema(
         description=doc_summary,
         input_model=input_model,
+        make_input_model=make_input_model,
         input_schema=_finish_input_schema(input_schema),
         fields=tuple(field_names),
         context_parameter=context_param,
@@ -555,6 +571,57 @@ def _parameter_field(
     return annotation, Field(**field_kwargs)
 
 
+#: JSON schema types of the plain parameter and return types, as pydantic writes them.
+_PLAIN_SCHEMA_TYPES: Final[dict[type, str]] = {
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    str: "string",
+}
+
+
+#: The output schemas of plain return annotations (None: "returns nothing").
+_PLAIN_RETURNS: Final[dict[type, dict[str, JsonValue] | None]] = {
+    **{tp: {"type": kind} for tp, kind in _PLAIN_SCHEMA_TYPES.items()},
+    type(None): None,
+}
+
+
+def _plain_input_schema(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The input schema pydantic would write, for parameters of plain types only; else None.
+
+    Plain: annotated exactly `int`, `float`, `bool` or `str` (no `Annotated`, no
+    `Field`), with no default or a default of that very type (a finite float). For
+    such a signature, pydantic's schema is this one (a test compares them over many
+    signatures), and building the input model and its schema was most of a tool's
+    registration: the model is then built when the first invoke needs it.
+    """
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for annotation, info in fields.values():
+        kind = _PLAIN_SCHEMA_TYPES.get(annotation) if isinstance(annotation, type) else None
+        if kind is None or info.alias is None:
+            return None
+        prop: dict[str, Any] = {}
+        if not info.is_required():
+            default = info.default
+            if type(default) is not annotation or (
+                annotation is float and not math.isfinite(default)
+            ):
+                return None
+            prop["default"] = default
+        else:
+            required.append(info.alias)
+        if info.description is not None:
+            prop["description"] = info.description
+        prop["type"] = kind
+        properties[info.alias] = prop
+    schema: dict[str, Any] = {"properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
 def _input_model(
     fn: Callable[..., Any],
     tool_name: str,
@@ -592,6 +659,7 @@ class Tool:
         "_context_param",
         "_fields",
         "_input_model",
+        "_make_input_model",
         "_output",
         "_plain_outputs",
         "_spec",
@@ -658,6 +726,7 @@ class Tool:
         self.needs_approval = needs_approval
         self._context_param = schema.context_parameter
         self._input_model = schema.input_model
+        self._make_input_model = schema.make_input_model
         self._fields = schema.fields
         self._output = schema.output_adapter
         self._validate_output = schema.validate_output
@@ -706,7 +775,13 @@ class Tool:
 
     @property
     def input_model(self) -> type[BaseModel]:
-        """The generated pydantic model of the input (fields aliased by parameter name)."""
+        """The generated pydantic model of the input (fields aliased by parameter name).
+
+        For a signature of plain parameters it is built on first use (the first
+        invoke), not at registration: see `_plain_input_schema`.
+        """
+        if self._input_model is None:
+            self._input_model = self._make_input_model()
         return self._input_model
 
     @property
@@ -726,8 +801,9 @@ class Tool:
         # ("3" -> 3, "2024-01-01" -> date, list -> tuple, "red" -> Color.RED), and
         # it skips re-dumping the input to text per call. Strict python mode is not
         # an option: it refuses a str for a date or a dict for a dataclass.
+        input_model = self._input_model or self.input_model
         try:
-            model = self._input_model.model_validate(input)
+            model = input_model.model_validate(input)
         except ValidationError as exc:
             raise self._invalid_input(exc) from None
         values = model.__dict__

@@ -448,6 +448,90 @@ def test_a_spec_value_the_model_refuses_fails_at_registration(options: dict[str,
         make_tool(primitives, **options)
 
 
+def _signature_tool(params: list[tuple[str, Any, Any, str | None]], returns: Any) -> Any:
+    """A function of keyword-only parameters (name, annotation, default, docstring entry)."""
+
+    def fn(**kwargs: Any) -> Any:
+        return 0
+
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, _, d, _ in params]
+    )
+    fn.__annotations__ = {n: tp for n, tp, _, _ in params}
+    if returns is not inspect.Parameter.empty:
+        fn.__annotations__["return"] = returns
+    described = [f"    {n}: {doc}" for n, _, _, doc in params if doc is not None]
+    fn.__doc__ = "Summary.\n\nArgs:\n" + "\n".join(described) if described else "Summary."
+    return fn
+
+
+_EMPTY = inspect.Parameter.empty
+_PLAIN_DEFAULTS = {int: 7, float: 2.5, bool: True, str: "x"}
+_SIGNATURES = {
+    "every plain kind": [
+        (
+            f"{tp.__name__}_{i}",
+            tp,
+            _PLAIN_DEFAULTS[tp] if i % 2 else _EMPTY,
+            "Said." if i < 2 else None,
+        )
+        for tp in (int, float, bool, str)
+        for i in range(4)
+    ],
+    "no parameters": [],
+    "only defaults": [("a", int, 0, None), ("b", str, "", "Empty.")],
+    "names pydantic models own": [("json", int, _EMPTY, None), ("schema", str, "s", None)],
+    # Not plain: the model's schema is the schema, as before.
+    "optional": [("a", int | None, None, None)],
+    "list": [("a", list[int], _EMPTY, None)],
+    "annotated": [("a", Annotated[int, Field(ge=0)], _EMPTY, None)],
+    "field default": [("a", int, Field(3, ge=0), None)],
+    "bool default for int": [("a", int, True, None)],
+    "int default for float": [("a", float, 1, None)],
+}
+
+
+@pytest.mark.parametrize("returns", [_EMPTY, int, float, bool, str, None, list[int]], ids=repr)
+@pytest.mark.parametrize("params", list(_SIGNATURES.values()), ids=list(_SIGNATURES))
+def test_plain_signatures_have_the_schemas_pydantic_writes(
+    params: list[tuple[str, Any, Any, str | None]], returns: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn = _signature_tool(params, returns)
+    fast = make_tool(fn, name="t")
+    arguments = {n: _PLAIN_DEFAULTS.get(tp, 1) for n, tp, d, _ in params if d is _EMPTY}
+    fast_arguments = _validated(fast, arguments)
+    # The same tool with pydantic making both schemas at registration.
+    monkeypatch.setattr("clienttools.tools._plain_input_schema", lambda fields: None)
+    monkeypatch.setattr("clienttools.tools._PLAIN_RETURNS", {})
+    slow = make_tool(fn, name="t")
+    assert fast.wire_spec == slow.wire_spec
+    assert fast_arguments == _validated(slow, arguments)
+    for value in (0, "3", 2.5, True, None, [1]):
+        assert _dumped(fast, value) == _dumped(slow, value), value
+
+
+def _validated(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        return tool.validate_input(arguments)
+    except InvalidInput as exc:
+        return f"InvalidInput: {exc}"
+
+
+def _dumped(tool: Tool, value: Any) -> str:
+    try:
+        return tool.dump_output_json(value)
+    except InvalidOutput as exc:
+        return f"InvalidOutput: {exc}"
+
+
+def test_a_plain_signature_builds_its_model_on_the_first_invoke() -> None:
+    tool = make_tool(_signature_tool([("a", int, _EMPTY, None)], int), name="t")
+    assert tool._input_model is None
+    with pytest.raises(InvalidInput, match="a"):
+        tool.validate_input({"a": "not a number"})
+    assert tool.input_model is tool._input_model is not None
+
+
 def test_oversize_spec_is_refused() -> None:
     def huge(a: int) -> int:
         return a
