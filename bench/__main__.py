@@ -4,6 +4,7 @@
     python -m bench --quick         # the smoke version: tiny N, 1 run, every figure
     python -m bench --runs 7 --out /tmp/bench --only browser
     python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
+    python -m bench --only cluster  # server processes on one PostgreSQL (bench/cluster.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -23,9 +24,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tests.support.postgres import PostgresUnavailable
 from tests.support.static import StaticServer
 
-from bench import peer, report, resolves
+from bench import cluster, peer, report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 from bench.servermemory import measure as measure_server_memory
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("browser", "server", "resolves", "peer"),
-        help="run only the browser figures, the server figures, the HTTP resolves or the peer",
+        choices=("browser", "server", "resolves", "peer", "cluster"),
+        help="run only the browser figures, the server figures, the HTTP resolves, the peer "
+        "or the cluster",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs < 1:
             parser.error("--runs must be at least 1")
         settings = replace(settings, runs=args.runs)
-    if not (WEB / "pyodide.mjs").is_file():
+    if args.only in (None, "browser") and not (WEB / "pyodide.mjs").is_file():
         parser.error(f"{WEB} is missing: run `make web` (scripts/build_web.py) first")
 
     started = time.time()
@@ -216,9 +219,25 @@ def main(argv: list[str] | None = None) -> int:
         _progress("peer benchmark: RPC against the round trip")
         peer_result = peer.measure(peer.QUICK if args.quick else peer.PeerSettings())
 
+    cluster_result: dict[str, Any] | None = None
+    if args.only in (None, "cluster"):
+        # Its own runs (3; quick 1) unless --runs says otherwise: a run is 2 x 3 set-ups.
+        cluster_settings = cluster.QUICK if args.quick else cluster.Settings()
+        if args.runs is not None:
+            cluster_settings = replace(cluster_settings, runs=args.runs)
+        _progress("server processes on one PostgreSQL (bench/cluster.py)")
+        try:
+            cluster_result = cluster.measure(cluster_settings)
+        except PostgresUnavailable as exc:
+            if args.only == "cluster":
+                raise SystemExit(f"bench: no PostgreSQL for the cluster figures: {exc}") from exc
+            _progress(f"skipping the cluster figures, no PostgreSQL: {exc}")
+
     results = report.summarize(runs)
     if peer_result is not None:
         results["peer"] = peer_result
+    if cluster_result is not None:
+        results["cluster"] = cluster_result
     results["meta"] = {
         "settings": asdict(settings),
         "quick": args.quick,
@@ -238,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         markdown += "\n" + resolves.markdown(resolved)
     if peer_result is not None:
         markdown += "\n" + peer.markdown(peer_result)
+    if cluster_result is not None:
+        markdown += "\n" + cluster.markdown(cluster_result)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0
