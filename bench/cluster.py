@@ -57,7 +57,7 @@ from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.ledgers import _postmaster_pid, _tree_cpu
+from bench.ledgers import _children, _postmaster_pid, _tree_cpu
 from bench.serverload import _cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,15 +257,38 @@ class Servers:
     def url(self, index: int, session: str) -> str:
         return self.processes[index].ws_url(session)
 
-    def cpu(self) -> tuple[list[float], float, float]:
-        """(CPU seconds of each server process, of PostgreSQL's, of the whole machine)."""
-        servers = []
+    def cpu(self) -> Sample:
+        """CPU seconds of each server process, of PostgreSQL's, of the whole machine, and
+        the seconds the server processes and PostgreSQL's waited for a CPU."""
+        servers, waited = [], 0.0
         for server in self.processes:
             assert server.process is not None
             seconds = _cpu_seconds(server.process.pid)
             servers.append(seconds if seconds is not None else float("nan"))
-        database = sum(_tree_cpu(_postmaster_pid(self.postgres)).values())
-        return servers, database, _machine_cpu_seconds()
+            waited += _runqueue_seconds(server.process.pid)
+        postmaster = _postmaster_pid(self.postgres)
+        database = sum(_tree_cpu(postmaster).values())
+        everyone = [postmaster, *_children(postmaster)]
+        database_waited = sum(_runqueue_seconds(pid) for pid in everyone)
+        return Sample(servers, database, _machine_cpu_seconds(), waited, database_waited)
+
+
+@dataclass(frozen=True)
+class Sample:
+    servers: list[float]
+    database: float
+    machine: float
+    servers_waited: float
+    database_waited: float
+
+
+def _runqueue_seconds(pid: int) -> float:
+    """Seconds the process was runnable but waiting for a CPU (/proc/PID/schedstat), 0 if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except OSError:
+        return 0.0
+    return int(fields[1]) / 1e9
 
 
 def _machine_cpu_seconds() -> float:
@@ -292,7 +315,7 @@ def run_load(
         stderr=subprocess.PIPE,
         text=True,
     )
-    marks: dict[str, tuple[list[float], float, float]] = {}
+    marks: dict[str, Sample] = {}
     lines: list[str] = []
     watchdog = threading.Timer(LOAD_TIMEOUT_S, load.kill)  # a hung load ends the run
     watchdog.start()
@@ -318,8 +341,13 @@ def run_load(
     if load.returncode != 0 or len(marks) != 2:
         raise RuntimeError(f"the load generator failed: {stderr.strip()[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1])
-    servers_before, database_before, machine_before = marks[TIMED_BEGIN]
-    servers_after, database_after, machine_after = marks[TIMED_END]
+    before, after = marks[TIMED_BEGIN], marks[TIMED_END]
+    servers_before, database_before, machine_before = (
+        before.servers,
+        before.database,
+        before.machine,
+    )
+    servers_after, database_after, machine_after = after.servers, after.database, after.machine
     calls_total = result["calls"]
     server_cpu = [a - b for a, b in zip(servers_after, servers_before, strict=True)]
     database_cpu = database_after - database_before
@@ -336,6 +364,9 @@ def run_load(
     result["machine_busy"] = (machine_after - machine_before) / wall
     ours = sum(server_cpu) + database_cpu + result["load_cpu_s"]
     result["others_busy"] = max(0.0, result["machine_busy"] - ours / wall)
+    # Runnable but not running: the share of the wall time the machine kept them waiting.
+    result["servers_waiting"] = (after.servers_waited - before.servers_waited) / wall
+    result["database_waiting"] = (after.database_waited - before.database_waited) / wall
     return result
 
 
@@ -397,7 +428,7 @@ def _brief(result: dict[str, Any]) -> str:
         f"p99 {result['chat_p99_ms']:.1f} ms, server CPU/call "
         f"{result['server_cpu_per_call_ms']:.2f} ms, busy [{busy}] "
         f"pg {result['database_busy']:.2f} load {result['load_busy']:.2f} "
-        f"others {result['others_busy']:.2f}"
+        f"others {result['others_busy']:.2f} waiting {result['servers_waiting']:.2f}"
     )
 
 
@@ -449,6 +480,8 @@ def summarize(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "load_busy": _summary([r["load_busy"] for r in results]),
             "machine_busy": _summary([r["machine_busy"] for r in results]),
             "others_busy": _summary([r["others_busy"] for r in results]),
+            "servers_waiting": _summary([r["servers_waiting"] for r in results]),
+            "database_waiting": _summary([r["database_waiting"] for r in results]),
             "sessions_across": _summary([r["sessions_across"] for r in results]),
         }
     return {"latency": latency, "throughput": throughput}
@@ -484,8 +517,8 @@ def markdown(results: dict[str, Any]) -> str:
         "| processes | chats/s | browser calls/s | against 1 | chat p50 (ms) | chat p99 (ms) "
         "| server CPU per call (ms) | PostgreSQL CPU per call (ms) | busiest process "
         "| all processes | PostgreSQL | load generator | other jobs on the machine "
-        "| sessions across |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| processes waiting for a CPU | PostgreSQL waiting for a CPU | sessions across |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, count, placement in SETUPS:
         t = results["summary"]["throughput"][name]
@@ -496,7 +529,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(t['server_cpu_per_call_ms'])} | {_fmt(t['database_cpu_per_call_ms'])} "
             f"| {_fmt(t['busiest_server'])} | {_fmt(t['servers_busy'])} "
             f"| {_fmt(t['database_busy'])} | {_fmt(t['load_busy'])} "
-            f"| {_fmt(t['others_busy'])} | {_fmt(t['sessions_across'])} |"
+            f"| {_fmt(t['others_busy'])} | {_fmt(t['servers_waiting'])} "
+            f"| {_fmt(t['database_waiting'])} | {_fmt(t['sessions_across'])} |"
         )
     return "\n".join(lines) + "\n"
 

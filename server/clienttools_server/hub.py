@@ -307,6 +307,7 @@ class Hub:
             "approvals": len(self.approvals.waiting),
             "relayed": len(self.browser.relayed),
             "active_responses": sum(len(s.logs) for s in self.sessions.values()),
+            "published_responses": len(self.shared.publishers) if self.shared is not None else 0,
             "followed_responses": len(self.shared.followers) if self.shared is not None else 0,
             "sessions": len(self.sessions),
         }
@@ -690,9 +691,8 @@ class Hub:
                 if (not self._closing or run.aborted) and not run.lost:
                     log.finish()  # while the lease is held: its end is written fenced
                     self.finished.keep(session_name, log)
-                elif run.lost and self.shared is not None and log.request_ids:
-                    # Its chat sockets here go on with the new owner's record.
-                    self.shared.follow(run.execution_id, session_name, log)
+                elif run.lost and self.shared is not None:
+                    self.shared.lost(run.execution_id, session_name, log)
             finally:
                 self.ledger.release(run.execution_id)
 

@@ -13,18 +13,20 @@ process can serve a page's ``resume``:
   is one statement), and at once at the end. The insert is fenced by the lease's
   generation (a process that lost the run writes nothing) and skips rows that
   exist (a retried batch). In the same statement it notifies (``chunks``) the
-  processes that follow the response: those that told it so (``follow``).
+  processes that follow the response: those that told it so (``follow-chunks``).
 - **A follower** (:class:`Follower`) on another process mirrors the rows into
   a ChunkLog of its own and subscribes the page to it through the same
   ``log.subscribe(...)`` as a local resume: so the page gets ``start``, the
   chunks after its ``lastSequence``, and then each new chunk with the owner's
   sequence, and ``end``. It reads on each notification, on the bus's
   reconnect (notifications may have been lost) and every ``poll`` seconds
-  (a safety net), and tells each new owner it finds ``follow``.
+  (a safety net), and tells each new owner it finds ``follow-chunks``.
 - **A take-over**: the new owner seeds the run's ChunkLog with the chunks
   published so far (:meth:`SharedStreams.published`), so the replayed run
   continues the numbering the pages saw instead of starting over, and tells
   every process (``chunks``), so their followers find the new owner at once.
+  The process that lost the run turns its log into such a follower, so its
+  chat sockets get the rest from the new owner.
 - **abort** on a follower's process reaches the owner (``abort-run``); a
   ``send`` for a chat with an unfinished execution is refused by the ledger
   (:class:`~clienttools_server.ledger.ChatBusy`).
@@ -436,21 +438,23 @@ class SharedStreams:
             self.forget(follower)
 
     def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
-        """Mirror the run's published chunks into ``log`` from its end on.
-
-        A fresh log, or the log of a run this process lost to another one (its
-        lease lapsed): the chat sockets that followed it here keep following,
-        now from the new owner's record.
-        """
-        publisher = self.publishers.get(execution_id)
-        if publisher is not None:
-            publisher.stop()  # the lost run's: the new owner writes the record now
-        log.tap = None
-        log.end_replay()
+        """Mirror the run's published chunks into a fresh ``log``, from its end on."""
         follower = Follower(self, execution_id, session, log)
         self.followers[execution_id] = follower
         self._refresh(follower)
         return follower
+
+    def lost(self, execution_id: str, session: str, log: ChunkLog) -> None:
+        """This process lost the run to another one (its lease lapsed): the new owner
+        writes the record now, and the chat sockets that followed the run's log here
+        keep following it, from the new owner's record."""
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            publisher.stop()
+        log.tap = None
+        if log.request_ids:
+            log.end_replay()
+            self.follow(execution_id, session, log)
 
     def abort(self, client: Peer, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""

@@ -26,7 +26,7 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "latest.json").read_text())
@@ -53,3 +53,19 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
     assert peer["rpc"]["all"]["requests"] == {"1": QUICK.turns}
     assert peer["round-trip"]["all"]["requests_per_turn"] > 1
     assert "| turn time p50 (ms) | all |" in table
+    # The cluster figures (bench/cluster.py): server processes on one PostgreSQL.
+    if "cluster" not in results:
+        assert "skipping the cluster figures, no PostgreSQL" in done.stderr, done.stderr[-3000:]
+        return
+    cluster = results["cluster"]
+    for figure in cluster["summary"]["latency"].values():
+        for side in ("within", "across"):
+            assert math.isfinite(figure[side]["median"]), (figure["label"], side)
+    for name in ("1_processes", "2_processes", "3_processes", "3_sticky"):
+        figures = cluster["summary"]["throughput"][name]
+        assert figures["chats_per_s"]["median"] > 0, name
+        assert math.isfinite(figures["busiest_server"]["median"]), name
+    [run] = cluster["runs"]
+    assert run["across"]["chats"] == run["within"]["chats"] > 0
+    assert run["3_processes"]["calls"] == 2 * run["3_processes"]["chats"]
+    assert "| chat p50 (ms) |" in table and "| 3, sticky |" in table

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
 from collections import Counter
 from pathlib import Path
@@ -50,6 +51,16 @@ async def chat_once(url: str, chat_id: str, tag: str, numbers: list[int]) -> Res
         return response
     finally:
         await chat.close()
+
+
+async def resume(chat: ChatPeer, chat_id: str, last_sequence: int) -> str:
+    """Ask for the chat's response after `last_sequence` (-1: all of it); the resume's id."""
+    request_id = "res-" + secrets.token_hex(6)
+    frame: dict[str, object] = {"type": "resume", "requestId": request_id, "id": chat_id}
+    if last_sequence >= 0:
+        frame["lastSequence"] = last_sequence
+    await chat.browser.send({**frame, "headers": {}, "body": {}})
+    return request_id
 
 
 async def test_a_thousand_chats_over_a_hundred_sessions(
@@ -147,11 +158,15 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
         pages = await asyncio.gather(
             *(CountingPage.open(cluster.ws_url(f"k{i}"), gate) for i in range(chats))
         )
+        chats_on_a: list[ChatPeer] = []
+        resumed: list[ChatPeer] = []
         try:
+            started = []
             for i in range(chats):
-                chat = await ChatPeer.open(cluster.direct_url("a", f"k{i}"))
-                await chat.browser.start_chat(prompt_for(f"k{i}", numbers), f"k{i}")
-                await chat.close()  # the run goes on without its chat socket
+                chats_on_a.append(await ChatPeer.open(cluster.direct_url("a", f"k{i}")))
+                started.append(
+                    await chats_on_a[-1].browser.start_chat(prompt_for(f"k{i}", numbers), f"k{i}")
+                )
             await wait_until(
                 lambda: all(len(page.running) == len(numbers) for page in pages),
                 60.0,
@@ -164,6 +179,20 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
             await cluster.kill("a")  # in the middle of every call
             killed = time.monotonic()
             gate.set()
+            # Each chat comes back through the balancer, on b or c, and resumes its
+            # response after the last chunk it got from a.
+            cluster.balancer.pick = at_random(random.Random(30))
+            seen: list[list[dict[str, object]]] = []
+            resumes = []
+            for i, (old, request_id) in enumerate(zip(chats_on_a, started, strict=True)):
+                await old.browser.expect_closed(10.0)
+                seen.append(list(old.browser.chunks.get(request_id, [])))
+                resumed.append(await ChatPeer.open(cluster.ws_url(f"k{i}")))
+                resumes.append(await resume(resumed[-1], f"k{i}", len(seen[-1]) - 1))
+            responses = [
+                await peer.response(rid, lease + 60.0)
+                for peer, rid in zip(resumed, resumes, strict=True)
+            ]
             with cluster.reader() as ledger:
                 await wait_until(
                     lambda: {r.status for r in runs_by_chat(ledger).values()} == {"completed"},
@@ -180,14 +209,21 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
             base_page = await CountingPage.open(cluster.ws_url("base"))
             base = await chat_once(cluster.direct_url("b", "base"), "base", "base", numbers)
             await base_page.close()
-            holding = [cluster.balancer.holding(f"/agents/chat/k{i}") for i in range(chats)]
+            placed = list(cluster.balancer.placed)
         finally:
+            for peer in chats_on_a + resumed:
+                await peer.close()
             await asyncio.gather(*(page.close() for page in pages))
         assert not cluster.balancer.errors, cluster.balancer.errors
     assert before == Counter((line, 0) for line in first_lines)
     assert elapsed <= lease + 5.0, f"the runs completed {elapsed:.1f} s after the kill"
     assert len(owners) == 1 and None not in owners
-    assert holding == [["bc"[i % 2]] for i in range(chats)]  # the pages never moved
+    # Each page once, where it was put, and never again (it never moved); each chat
+    # once more after the kill, on a survivor.
+    for i in range(chats):
+        path = f"/agents/chat/k{i}"
+        page_at, chat_at = (name for where, name in placed if where == path)
+        assert page_at == "bc"[i % 2] and chat_at in ("b", "c")
     base_text = transcript_of(base).text
     assert base_text == expected_text(numbers)
     for i, page in enumerate(pages):
@@ -196,6 +232,10 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
         assert tool_outcomes(steps[f"k{i}"]) == [{"n": n, "sq": n * n} for n in numbers]
         assert final_text(steps[f"k{i}"]) == base_text
         assert page.executions == {(f"k{i}", n): 1 for n in numbers}  # each tool ran once
+        # What the chat saw, from a and then from a survivor, is one whole response.
+        whole = Response(started[i], seen[i] + responses[i].chunks, responses[i].final)
+        assert transcript_of(whole) == transcript_of(base)
+        assert not resumed[i].violations, resumed[i].violations
     # Each model step was requested once: the recorded ones (the calls, before the
     # kill) not again by the process that took the run over.
     requests = cluster.model_requests()

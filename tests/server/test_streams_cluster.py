@@ -23,8 +23,10 @@ from typing import Any
 
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
+from clienttools_server.app import running_server
+from clienttools_server.config import ServerConfig
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
-from tests.server.server_harness import Response
+from tests.server.server_harness import Response, settled
 from tests.server.test_leases import AGENT, GatedPage, reader, run_of
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
@@ -434,3 +436,56 @@ async def test_a_chat_on_a_process_that_lost_the_run_follows_the_new_owner(
     assert normalized(response.chunks) == normalized(base.chunks)
     assert not chat.violations
     assert page.executions == {("p", 5): 1}
+
+
+async def test_no_socket_of_a_session_needs_the_process_of_its_run(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    # The run on A, its page on B (the call routed there), its chat socket resumed on C.
+    url = postgres.fresh_url()
+    gate = asyncio.Event()
+    async with processes(url, tmp_path, a=LEASE, b=LEASE, c=LEASE) as (a, b, c):
+        base = await undisturbed(a, PROMPT)
+        page = await GatedPage.open(b.ws_url("s"), gate)
+        try:
+            on_a = await ChatPeer.open(a.ws_url("s"))
+            request_id = await on_a.browser.start_chat(PROMPT, "c1")
+            await wait_until(lambda: len(page.running) == 2, TIMEOUT, "both tools to run on B")
+            seen = len(on_a.browser.chunks[request_id])
+            await on_a.close()  # the chat socket drops; the page's chat lands on C
+            on_c = await ChatPeer.open(c.ws_url("s"))
+            rest = await resume(on_c, "c1", seen - 1)
+            await started(on_c, rest)
+            gate.set()
+            from_c = await on_c.response(rest)
+            await on_c.close()
+        finally:
+            await page.close()
+    whole = on_a.browser.chunks[request_id] + from_c.chunks
+    assert from_c.final["type"] == "end"
+    assert normalized(whole) == normalized(base.chunks)
+    assert not on_c.violations
+    assert page.executions == {("t", 1): 1, ("t", 2): 1}
+
+
+async def test_an_ended_response_leaves_no_writer_or_follower_behind(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    config = ServerConfig(port=0, db=url, log_level="warning")
+    gate = asyncio.Event()
+    gate.set()
+    async with running_server(config) as owner, running_server(config) as other:
+        page = await GatedPage.open(owner.ws_url("s"), gate)
+        try:
+            chat = await ChatPeer.open(owner.ws_url("s"))
+            response = await chat.browser.chat(PROMPT, "c1", TIMEOUT)
+            elsewhere = await ChatPeer.open(other.ws_url("s"))
+            tail = await elsewhere.response(await resume(elsewhere, "c1", 0))
+            await chat.close()
+            await elsewhere.close()
+        finally:
+            await page.close()
+        await settled(owner.hub)
+        await settled(other.hub)
+    assert tail.chunks == response.chunks[1:]

@@ -86,19 +86,6 @@ def by_path(placement: Mapping[str, str], rng: random.Random | None = None) -> P
     return pick
 
 
-def by_session(names: Sequence[str]) -> Pick:
-    """Every socket of a session to one backend (a hash of the path): a sticky balancer."""
-
-    def pick(path: str, candidates: Sequence[Backend]) -> Backend:
-        wanted = names[sum(path.encode()) % len(names)]
-        for backend in candidates:
-            if backend.name == wanted:
-                return backend
-        return candidates[0]
-
-    return pick
-
-
 @dataclass(eq=False)
 class Link:
     """One client connection and the backend connection it was piped to."""
