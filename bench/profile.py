@@ -2,6 +2,8 @@
 
     python -m bench.profile core      # pyinstrument on the sans-I/O core under CPython
     python -m bench.profile page      # cProfile inside the clienttools page + a CDP CPU profile
+    python -m bench.profile start     # the SDK's start-up in Chromium: packages, imports, tools
+    python -m bench.profile roundtrip # figures 1 and 2 only, the pages loaded once, many rounds
 
 `core` feeds invokes and acks straight into `Session` (no sockets, no loop),
 so it shows the protocol work alone. `page` loads the benchmark page in
@@ -9,7 +11,15 @@ Chromium, runs pipelined invokes through the load generator and reports (1)
 the Python functions by own time under Pyodide (cProfile, which the Pyodide
 stdlib has) and (2) the JS/wasm side by self time from the V8 sampling
 profiler (CDP `Profiler`), which is where the WebLoop's scheduling and the
-JS<->Python proxies show up.
+JS<->Python proxies show up. `start` loads Pyodide alone in a fresh context
+(`pages/pyodide_only.html`), then, timed from the driver: the packages, the
+import (each module's own and total time), the tool's registration and the
+tools frame, for clienttools and for pydantic + one model (the cold-start
+baseline) in turn; medians over `-n` loads of each. `roundtrip` loads the
+clienttools, bare-Pyodide and raw-JS pages once, then runs `--rounds` rounds
+of figures 1 and 2 on each, in rotating order, with the ratios to the bare page
+taken within each round: the quick way to see what one change to the hot path
+buys.
 """
 
 from __future__ import annotations
@@ -136,13 +146,273 @@ def _self_times(profile: dict[str, Any], top: int = 30) -> str:
     return "".join(f"{count / total:6.1%}  {name}\n" for name, count in counts.most_common(top))
 
 
+# Runs in the page: times every module's import (total, and own = total minus the
+# imports it made), by wrapping the function the import statement calls.
+IMPORT_TIMER = """
+import importlib._bootstrap as _bootstrap, time as _time
+_import_times = {}
+_import_stack = [0.0]
+_find_and_load = _bootstrap._find_and_load
+def _timed_find_and_load(name, import_):
+    started = _time.perf_counter()
+    _import_stack.append(0.0)
+    try:
+        return _find_and_load(name, import_)
+    finally:
+        total = _time.perf_counter() - started
+        inner = _import_stack.pop()
+        _import_stack[-1] += total
+        _import_times[name] = (total * 1e3, (total - inner) * 1e3)
+_bootstrap._find_and_load = _timed_find_and_load
+"""
+START_CODE = {
+    "clienttools": """
+t0 = _time.perf_counter()
+import clienttools
+t1 = _time.perf_counter()
+client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
+@client.tool
+def add(a: int, b: int) -> int:
+    \"\"\"Add two integers.\"\"\"
+    return a + b
+t2 = _time.perf_counter()
+import clienttools.browser
+client.session.connection_opened(0.0)
+frame = client.session.frames_to_send()[0]
+t3 = _time.perf_counter()
+_bootstrap._find_and_load = _find_and_load
+{"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
+ "modules": _import_times}
+""",
+    "pydantic": """
+t0 = _time.perf_counter()
+import pydantic
+class Add(pydantic.BaseModel):
+    a: int
+    b: int
+Add(a=1, b=2)
+t1 = _time.perf_counter()
+_bootstrap._find_and_load = _find_and_load
+{"import": (t1 - t0) * 1e3, "register": 0.0, "frame": 0.0, "modules": _import_times}
+""",
+}
+# The SDK's share alone: what clienttools adds once pydantic and one model are there (as
+# on the baseline page), under cProfile, by own and by total time.
+MARGINAL_CODE = """
+import pydantic
+class Add(pydantic.BaseModel):
+    a: int
+    b: int
+Add(a=1, b=2)
+import cProfile, io, pstats
+_profile = cProfile.Profile()
+t0 = _time.perf_counter()
+if _PROFILE:
+    _profile.enable()
+import clienttools
+t1 = _time.perf_counter()
+client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
+@client.tool
+def add(a: int, b: int) -> int:
+    \"\"\"Add two integers.\"\"\"
+    return a + b
+t2 = _time.perf_counter()
+import clienttools.browser
+client.session.connection_opened(0.0)
+frame = client.session.frames_to_send()[0]
+t3 = _time.perf_counter()
+_bootstrap._find_and_load = _find_and_load
+_out = io.StringIO()
+if _PROFILE:
+    _profile.disable()
+    _stats = pstats.Stats(_profile, stream=_out)
+    _stats.sort_stats("tottime").print_stats(45)
+    _stats.sort_stats("cumulative").print_stats(60)
+{"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
+ "modules": _import_times, "profile": _out.getvalue()}
+"""
+LOAD_AND_RUN = """async ([packages, timer, code]) => {
+  const t0 = performance.now();
+  await window.pyodide.loadPackage(packages);
+  const t1 = performance.now();
+  window.pyodide.runPython(timer);
+  const result = window.pyodide.runPython(code).toJs({dict_converter: Object.fromEntries});
+  return {packages: t1 - t0, ...result};
+}"""
+
+
+def _start(
+    n: int, dump: Path | None, marginal: bool, cprofile: bool, baseline: Path | None
+) -> None:
+    import statistics
+
+    from playwright.sync_api import sync_playwright
+    from tests.support.static import StaticServer
+
+    from bench.browser import launch_options
+
+    mounts = {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
+    if baseline is not None:
+        mounts["/baseline/"] = baseline
+    static = StaticServer(mounts).start()
+    runs: dict[str, list[dict[str, Any]]] = (
+        {"marginal": []} if marginal else {"clienttools": [], "pydantic": []}
+    )
+    if baseline is not None:
+        runs = {f"{name} (baseline)": [] for name in runs} | runs
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(**launch_options())
+            for i in range(n):
+                names = list(runs) if i % 2 == 0 else list(reversed(runs))
+                for key in names:
+                    name, _, other = key.partition(" (")
+                    index = "/baseline/" if other else "/pyodide/"
+                    context = browser.new_context()
+                    page = context.new_page()
+                    page.goto(f"{static.url}/pyodide_only.html?index={index}", wait_until="commit")
+                    page.wait_for_function(
+                        "window.__bench && window.__bench.status !== 'loading'", timeout=90_000
+                    )
+                    package = "clienttools" if name == "marginal" else name
+                    code = (
+                        f"_PROFILE = {cprofile}\n{MARGINAL_CODE}"
+                        if name == "marginal"
+                        else START_CODE[name]
+                    )
+                    result = page.evaluate(LOAD_AND_RUN, [package, IMPORT_TIMER, code])
+                    runs[key].append(result)
+                    context.close()
+            browser.close()
+    finally:
+        static.stop()
+    if dump is not None:
+        dump.write_text(json.dumps(runs, indent=1))
+    out = sys.stdout
+    for name, results in runs.items():
+        out.write(f"\n--- {name}: median of {len(results)} cold loads (ms) ---\n")
+        for part in ("packages", "import", "register", "frame"):
+            values = [r[part] for r in results]
+            median = statistics.median(values)
+            out.write(f"{part:>9}: {median:7.1f}  [{min(values):.1f}..{max(values):.1f}]\n")
+        totals: dict[str, list[float]] = collections.defaultdict(list)
+        owns: dict[str, list[float]] = collections.defaultdict(list)
+        for r in results:
+            for module, (total, own) in r["modules"].items():
+                totals[module].append(total)
+                owns[module].append(own)
+        out.write("modules by own time (median ms): own  total\n")
+        ranked = sorted(owns, key=lambda m: -statistics.median(owns[m]))
+        for module in ranked[:40]:
+            own, total = statistics.median(owns[module]), statistics.median(totals[module])
+            out.write(f"  {own:7.1f} {total:7.1f}  {module}\n")
+        out.write(f"  ({len(owns)} modules imported)\n")
+        if "profile" in results[-1]:
+            out.write(results[-1]["profile"])
+
+
+def _roundtrip(rounds: int, n: int, pipelined_n: int, baseline: Path | None) -> None:
+    import statistics
+
+    from tests.support.static import StaticServer
+
+    from bench.browser import PAGES, Browser, LoadGen
+
+    names: tuple[str, ...] = ("clienttools", "bare", "rawjs")
+    mounts = {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
+    if baseline is not None:
+        mounts["/baseline/"] = baseline
+        PAGES["baseline"] = ("clienttools.html", "&index=/baseline/")
+        names += ("baseline",)
+    static = StaticServer(mounts).start()
+    figures: dict[str, dict[str, list[float]]] = {
+        name: collections.defaultdict(list) for name in names
+    }
+    ratios: dict[str, list[float]] = collections.defaultdict(list)
+    out = sys.stdout
+    try:
+        with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
+            context = browser.new_context()
+            pages = {name: browser.load(context, name, f"rt-{name}") for name in names}
+            for name in names:  # warm up: first-call caches, lazily built validators
+                loadgen.call("roundtrip", pages[name].session, n=200)
+            for round_ in range(rounds):
+                row: dict[str, dict[str, float]] = {}
+                by = round_ % len(names)
+                for name in names[by:] + names[:by]:
+                    session = pages[name].session
+                    rt = loadgen.call("roundtrip", session, n=n)
+                    pl = loadgen.call("pipelined", session, n=pipelined_n)
+                    row[name] = {"p50": rt["p50_us"], "p99": rt["p99_us"], "per_s": pl["per_s"]}
+                    for key, value in row[name].items():
+                        figures[name][key].append(value)
+                for key in ("p50", "p99", "per_s"):
+                    ratios[key].append(row["clienttools"][key] / row["bare"][key])
+                    if baseline is not None:
+                        ratios[f"baseline {key}"].append(row["baseline"][key] / row["bare"][key])
+                out.write(
+                    f"round {round_ + 1}: "
+                    + "  ".join(
+                        f"{name} p50 {row[name]['p50']:.0f} p99 {row[name]['p99']:.0f} "
+                        f"{row[name]['per_s']:.0f}/s"
+                        for name in names
+                    )
+                    + f"  | ct/bare p50 {ratios['p50'][-1]:.2f} p99 {ratios['p99'][-1]:.2f} "
+                    f"tput {ratios['per_s'][-1]:.2f}"
+                    + (
+                        f" | baseline/bare p50 {ratios['baseline p50'][-1]:.2f}"
+                        if baseline is not None
+                        else ""
+                    )
+                    + "\n"
+                )
+                out.flush()
+            context.close()
+    finally:
+        static.stop()
+    for name in names:
+        out.write(
+            f"{name:>12}: "
+            + "  ".join(
+                f"{key} {statistics.median(values):.0f} [{min(values):.0f}..{max(values):.0f}]"
+                for key, values in figures[name].items()
+            )
+            + "\n"
+        )
+    out.write(
+        "clienttools / bare (within each round): "
+        + "  ".join(
+            f"{key} {statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
+            for key, values in ratios.items()
+        )
+        + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("what", choices=("core", "page"))
+    parser.add_argument("what", choices=("core", "page", "start", "roundtrip"))
+    parser.add_argument("--rounds", type=int, default=5, help="roundtrip: rounds of figures 1-2")
     parser.add_argument("-n", type=int, default=3000, help="invokes to profile")
+    parser.add_argument("--json", type=Path, help="start: write every load's figures here")
+    parser.add_argument(
+        "--marginal",
+        action="store_true",
+        help="start: only what clienttools adds after pydantic + one model, in one page",
+    )
+    parser.add_argument("--cprofile", action="store_true", help="start --marginal: cProfile it")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="start, roundtrip: another build/web/pyodide (say, main's), measured beside this one",
+    )
     args = parser.parse_args()
     if args.what == "core":
         _core(args.n)
+    elif args.what == "roundtrip":
+        _roundtrip(args.rounds, 2000, 5000, args.baseline)
+    elif args.what == "start":
+        _start(args.n, args.json, args.marginal, args.cprofile, args.baseline)
     else:
         _page(args.n)
 

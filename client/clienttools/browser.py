@@ -37,6 +37,63 @@ DIRECT_FRAMES = 4
 #: message) to learn that the page is idle again: once per round trip, not per frame.
 TURN_AFTER = 2
 
+# The socket's event handlers in JavaScript, made once per page (`_js_pump`): each frame
+# reaches Python as the string itself (no MessageEvent proxy, no `event.data` lookup),
+# and the burst bookkeeping, the free-turn message and the backlog stay in JavaScript,
+# so a burst reaches Python as one array. This is the Python code below it, moved:
+# per round trip it saves the free-turn message's call into Python and two event
+# proxies (bench/README.md, "Hot path").
+_PUMP_SOURCE = """
+return (ws, onFrame, onBatch, onClose, directFrames, turnAfter) => {
+  let direct = 0, backlog = [], turnPosted = false;
+  const channel = new MessageChannel();
+  const port = channel.port2;
+  const turn = () => { if (!turnPosted) { turnPosted = true; port.postMessage(null); } };
+  const drain = () => {
+    if (backlog.length) { const frames = backlog; backlog = []; onBatch(frames); }
+  };
+  channel.port1.onmessage = () => { turnPosted = false; direct = 0; drain(); };
+  ws.onmessage = (event) => {
+    if (backlog.length || direct >= directFrames) { backlog.push(event.data); turn(); return; }
+    direct++;
+    if (direct >= turnAfter) turn();
+    onFrame(event.data);
+  };
+  ws.onclose = (event) => { drain(); onClose(event.code, event.reason); };
+  ws.onerror = () => {};  // a close event always follows
+  return () => {
+    ws.onmessage = null; ws.onclose = null; ws.onerror = null;
+    channel.port1.onmessage = null; channel.port1.close(); backlog = [];
+  };
+};
+"""
+_pump_factory: Any = None
+
+
+def _js_pump() -> Any:
+    """The JS handler factory, or None where the page forbids making functions.
+
+    A Content-Security-Policy without 'unsafe-eval' (Pyodide needs only
+    'wasm-unsafe-eval') refuses `Function`; the socket then runs the same
+    handlers in Python.
+    """
+    global _pump_factory
+    if _pump_factory is None:
+        try:
+            _pump_factory = js.Function.new(_PUMP_SOURCE)()
+        except Exception:
+            _pump_factory = False
+    return _pump_factory or None
+
+
+def _frame_data(data: Any) -> str | bytes:
+    """A frame as the session takes it: text stays text, an ArrayBuffer becomes bytes."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    return bytes(data.to_py())  # an ArrayBuffer: a protocol error the session reports
+
 
 class BrowserSocket:
     """One open `js.WebSocket`. Frames arrive on a queue, or at a receiver; `None` marks the close.
@@ -49,6 +106,9 @@ class BrowserSocket:
     (a `MessageChannel` message, which also marks the free turn). Handling a
     burst frame by frame from `onmessage` halved pipelined throughput
     (bench/README.md): a batch runs the same code back to back, warm.
+
+    The handlers are JavaScript (`_PUMP_SOURCE`) where the page allows making a
+    function, else the same logic in Python (`_on_message`, `_on_turn`).
     """
 
     def __init__(self, ws: Any, connector: BrowserConnector) -> None:
@@ -57,32 +117,59 @@ class BrowserSocket:
         self._incoming: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._proxies: list[Any] = []
         self._receiver: Callable[[str | bytes, bool], None] | None = None
-        self._backlog: list[str | bytes] = []
-        self._direct = 0  # frames handed over directly since the page last had a free turn
-        self._turn_posted = False
-        self._channel: Any = None
-        self._post_message: Any = None  # the channel's port2.postMessage, looked up once
         self._ws_send: Any = ws.send  # looked up once: a JS attribute read costs a proxy call
         self._open = True  # False once closed, by us or the peer: no readyState read per send
         self.close_code: int | None = None
         self.close_reason = ""
         ws.binaryType = "arraybuffer"
-        ws.onmessage = self._proxy(self._on_message)
-        ws.onclose = self._proxy(self._on_close)
-        ws.onerror = self._proxy(lambda event: None)  # a close event always follows
+        # The Python handlers' state (when JavaScript cannot have it).
+        self._backlog: list[str | bytes] = []
+        self._direct = 0  # frames handed over directly since the page last had a free turn
+        self._turn_posted = False
+        self._channel: Any = None
+        self._post_message: Any = None  # the channel's port2.postMessage, looked up once
+        pump = _js_pump()
+        connector.js_handlers = pump is not None
+        if pump is not None:
+            self._js_release: Any = pump(
+                ws,
+                self._proxy(self._on_frame),
+                self._proxy(self._on_batch),
+                self._proxy(self._on_close),
+                DIRECT_FRAMES,
+                TURN_AFTER,
+            )
+        else:
+            self._js_release = None
+            ws.onmessage = self._proxy(self._on_message)
+            ws.onclose = self._proxy(self._on_close_event)
+            ws.onerror = self._proxy(lambda event: None)  # a close event always follows
 
-    def _proxy(self, fn: Callable[[Any], None]) -> Any:
+    def _proxy(self, fn: Callable[..., None]) -> Any:
         proxy = create_proxy(fn)
         self._proxies.append(proxy)
         self._connector.proxies_created += 1
         return proxy
 
-    def _on_message(self, event: Any) -> None:
-        data = event.data
-        if not isinstance(data, str):  # an ArrayBuffer: a protocol error the session reports
-            data = bytes(data.to_py())
+    # --- frames from the JavaScript handlers -------------------------------------------
+
+    def _on_frame(self, data: Any) -> None:
+        """One frame, handed over inside its message event."""
         receiver = self._receiver
         if receiver is None:
+            self._incoming.put_nowait(_frame_data(data))
+        else:
+            receiver(data if isinstance(data, str) else _frame_data(data), False)
+
+    def _on_batch(self, frames: Any) -> None:
+        """The frames of a burst, in order, as one JS array."""
+        self._deliver([_frame_data(data) for data in frames.to_py()])
+
+    # --- the same, in Python -----------------------------------------------------------
+
+    def _on_message(self, event: Any) -> None:
+        data = _frame_data(event.data)
+        if self._receiver is None:
             self._incoming.put_nowait(data)
         elif self._backlog or self._direct >= DIRECT_FRAMES:
             self._backlog.append(data)
@@ -91,27 +178,7 @@ class BrowserSocket:
             self._direct += 1
             if self._direct >= TURN_AFTER:
                 self._post_turn()
-            receiver(data, False)
-
-    def deliver_to(self, receiver: Callable[[str | bytes, bool], None]) -> None:
-        """From now on hand every frame to `receiver(frame, more)` (which must not raise).
-
-        `more` is True for every frame of a batch but the last. Frames already queued
-        go to it at once; `receive()` then only returns the close (None). Called from a
-        running event loop.
-        """
-        self._channel = js.MessageChannel.new()
-        self._channel.port1.onmessage = self._proxy(self._on_turn)
-        self._post_message = self._channel.port2.postMessage
-        self._receiver = receiver
-        queued = []
-        while not self._incoming.empty():
-            queued.append(self._incoming.get_nowait())
-        frames = [data for data in queued if data is not None]
-        for i, data in enumerate(frames):
-            receiver(data, i + 1 < len(frames))
-        if len(frames) < len(queued):
-            self._incoming.put_nowait(None)
+            self._receiver(data, False)
 
     def _post_turn(self) -> None:
         if not self._turn_posted:
@@ -127,17 +194,52 @@ class BrowserSocket:
     def _drain(self) -> None:
         while self._backlog and self._receiver is not None:
             frames, self._backlog = self._backlog, []
-            last = len(frames) - 1
-            for i, data in enumerate(frames):
-                if self._receiver is None:
-                    return
-                self._receiver(data, i < last)
+            self._deliver(frames)
 
-    def _on_close(self, event: Any) -> None:
-        self._open = False
-        self.close_code = int(event.code)
-        self.close_reason = str(event.reason)
+    def _on_close_event(self, event: Any) -> None:
         self._drain()  # every frame before the close
+        self._on_close(event.code, event.reason)
+
+    # --- both ---------------------------------------------------------------------------
+
+    def _deliver(self, frames: list[str | bytes]) -> None:
+        receiver = self._receiver
+        if receiver is None:
+            for data in frames:
+                self._incoming.put_nowait(data)
+            return
+        last = len(frames) - 1
+        for i, data in enumerate(frames):
+            if self._receiver is None:
+                return  # released meanwhile
+            self._receiver(data, i < last)
+
+    def deliver_to(self, receiver: Callable[[str | bytes, bool], None]) -> None:
+        """From now on hand every frame to `receiver(frame, more)` (which must not raise).
+
+        `more` is True for every frame of a batch but the last. Frames already queued
+        go to it at once; `receive()` then only returns the close (None). Called from a
+        running event loop.
+        """
+        if self._js_release is None:  # the Python handlers: their free-turn channel
+            self._channel = js.MessageChannel.new()
+            self._channel.port1.onmessage = self._proxy(self._on_turn)
+            self._post_message = self._channel.port2.postMessage
+        self._receiver = receiver
+        queued = []
+        while not self._incoming.empty():
+            queued.append(self._incoming.get_nowait())
+        frames = [data for data in queued if data is not None]
+        for i, data in enumerate(frames):
+            receiver(data, i + 1 < len(frames))
+        if len(frames) < len(queued):
+            self._incoming.put_nowait(None)
+
+    def _on_close(self, code: Any, reason: Any) -> None:
+        """The close event, after every frame that came before it."""
+        self._open = False
+        self.close_code = int(code)
+        self.close_reason = str(reason)
         self._incoming.put_nowait(None)
         # Destroying a proxy while JS is still inside it is not allowed: do it next turn.
         asyncio.get_running_loop().call_soon(self._release)
@@ -145,9 +247,13 @@ class BrowserSocket:
     def _release(self) -> None:
         if not self._proxies:
             return
-        self._ws.onmessage = None
-        self._ws.onclose = None
-        self._ws.onerror = None
+        if self._js_release is not None:
+            self._js_release()
+            self._js_release = None
+        else:
+            self._ws.onmessage = None
+            self._ws.onclose = None
+            self._ws.onerror = None
         self._ws.onopen = None
         self._open = False
         self._receiver = None
@@ -191,6 +297,8 @@ class BrowserConnector:
     def __init__(self) -> None:
         self.proxies_created = 0
         self.proxies_destroyed = 0
+        #: Whether the sockets' handlers are JavaScript (None before the first socket).
+        self.js_handlers: bool | None = None
 
     def release(self, proxies: list[Any]) -> None:
         for proxy in proxies:

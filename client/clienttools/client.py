@@ -54,7 +54,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overload
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from clienttools import protocol
 from clienttools.connection import Connection
@@ -315,7 +314,7 @@ class ToolClient:
             ping_interval=ping_interval,
             max_result_bytes=max_result_bytes,
         )
-        self._chat_id = chat_id or _session_of(url)
+        self._chat_id = chat_id  # by default the URL's session, found when the chat is made
         self._chat: Chat | None = None
         self._status: ConnectionStatus = "idle"
         self._status_observers: Observers[[ConnectionStatus]] = Observers("status")
@@ -385,7 +384,8 @@ class ToolClient:
         if self._chat is None:
             from clienttools.chatclient import Chat
 
-            self._chat = Chat(self._send_chat_frame, chat_id=self._chat_id)
+            chat_id = self._chat_id or _session_of(self.url)
+            self._chat = Chat(self._send_chat_frame, chat_id=chat_id)
         return self._chat
 
     # --- state -------------------------------------------------------------------------
@@ -687,8 +687,15 @@ class ToolClient:
             raise ConnectionError("not connected; the frame was not sent")
 
 
+# urllib.parse is imported by these two only when they run: in a page, importing it was a
+# tenth of the SDK's start-up (bench/README.md), and a client without a token or a chat
+# never needs it.
+
+
 def _session_of(url: str) -> str:
     """The last path segment of the URL: the session in `/agents/chat/{session}`."""
+    from urllib.parse import unquote, urlsplit
+
     path = urlsplit(url).path.rstrip("/")
     return unquote(path.rsplit("/", 1)[-1]) or "chat"
 
@@ -696,6 +703,8 @@ def _session_of(url: str) -> str:
 def _with_token(url: str, token: str | None) -> str:
     if token is None:
         return url
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "token"]
     query.append(("token", token))

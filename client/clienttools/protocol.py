@@ -11,10 +11,14 @@ the wire.
     '{"type":"cf_agent_pong","t":1.0}'
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: with it, pydantic compiles and evaluates
+# every field's annotation string when the model class is made, which was a fifth of
+# the SDK's import in a page (bench/README.md). The forward reference below is quoted.
 
 import json
+import math
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -26,7 +30,6 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from clienttools.rules import (  # shared with the MicroPython flavour, which has no pydantic
     MAX_FRAME_BYTES,
@@ -69,6 +72,17 @@ ChatTrigger: TypeAlias = Literal["submit-message", "regenerate-message"]
 _DEFERRED = ConfigDict(defer_build=True)
 
 
+def wire_name(field: str) -> str:
+    """A field's camelCase wire name: `request_id` -> `requestId`.
+
+    What pydantic's `to_camel` gives for these lower-case snake names (a test checks
+    every field), without its regular expressions: it runs for each field of each
+    model as the module is imported, and that is start-up time in a page.
+    """
+    head, *rest = field.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
 class WireModel(BaseModel):
     """Base of every wire model: camelCase aliases, strict types, unknown fields ignored.
 
@@ -77,7 +91,7 @@ class WireModel(BaseModel):
     """
 
     model_config = ConfigDict(
-        alias_generator=to_camel,
+        alias_generator=wire_name,
         populate_by_name=True,
         strict=True,
         frozen=True,
@@ -135,7 +149,7 @@ class ToolResultFrame(WireModel):
     error: ToolErrorInfo | None = None
 
     @model_validator(mode="after")
-    def _exactly_one_of_output_or_error(self) -> ToolResultFrame:
+    def _exactly_one_of_output_or_error(self) -> "ToolResultFrame":
         has_output = "output" in self.model_fields_set
         has_error = self.error is not None
         if has_output == has_error:
@@ -459,6 +473,30 @@ def dump_json(value: object) -> str:
     return _ENCODER.encode(value)
 
 
+def _finite_float_json(value: float) -> str:
+    if math.isfinite(value):
+        return float.__repr__(value)
+    raise ValueError(f"Out of range float values are not JSON compliant: {value!r}")
+
+
+#: `dump_json` of a value of exactly one of these types, without the encoder's set-up per
+#: call (most of the cost of encoding one number): the same text, by the same functions
+#: `json` itself uses for them (a test holds the two equal).
+_PLAIN_JSON: dict[type, Callable[[Any], str]] = {
+    int: int.__repr__,
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda value: "null",
+    float: _finite_float_json,
+    str: json.encoder.encode_basestring,
+}
+
+
+def plain_json(value: object) -> str:
+    """`dump_json(value)`, faster for a plain int, float, bool, str or None."""
+    encode = _PLAIN_JSON.get(type(value))
+    return encode(value) if encode is not None else _ENCODER.encode(value)
+
+
 def load_json(text: str) -> JsonValue:
     """JSON text as Python data; ValueError for bad JSON and for NaN or Infinity.
 
@@ -477,6 +515,26 @@ def text_size(text: str) -> int:
 def json_size(value: object) -> int:
     """Bytes of `value` as compact UTF-8 JSON, the size the result limits count."""
     return text_size(_ENCODER.encode(value))
+
+
+def tools_frame_text(client_id: str, wire_specs: list[dict[str, Any]]) -> str:
+    """The text of a `cf_agent_client_tools` frame, from specs already in their wire form.
+
+    Equal to `dump_frame(ClientToolsFrame(client_id=..., tools=specs))` for the same
+    specs (`ToolSpec.model_dump(mode="json", by_alias=True, exclude_none=True)`), without
+    building the two models: a page sends this frame first, so its cost is start-up time.
+    A client id the model refuses goes through the model, which says why.
+    """
+    if not (isinstance(client_id, str) and 1 <= len(client_id) <= 256):
+        specs = [ToolSpec.model_validate(spec, by_alias=True) for spec in wire_specs]
+        return dump_frame(ClientToolsFrame(client_id=client_id, tools=specs))
+    frame = {
+        "type": "cf_agent_client_tools",
+        "protocol": PROTOCOL_VERSION,
+        "clientId": client_id,
+        "tools": wire_specs,
+    }
+    return _ENCODER.encode(frame)
 
 
 def result_frame_text(request_id: str, output_json: str) -> str:

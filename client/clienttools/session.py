@@ -308,8 +308,7 @@ class Session:
             self._to_send.append(self._tools_frame())
 
     def _tools_frame(self) -> str:
-        frame = protocol.ClientToolsFrame(client_id=self.client_id, tools=self.registry.specs())
-        return protocol.dump_frame(frame)
+        return protocol.tools_frame_text(self.client_id, self.registry.wire_specs())
 
     def send_frame(self, frame: protocol.WireModel | str) -> bool:
         """Queue a frame of the chat layer (send/resume/abort), as a model or as JSON text.

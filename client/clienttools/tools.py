@@ -375,9 +375,27 @@ def _finish_input_schema(schema: dict[str, Any]) -> dict[str, JsonValue]:
 # silently into null; 'constants' keeps them as floats so the JSON check in
 # `Tool.dump_output` can refuse them.
 _NAN_KEEPING: Final = ConfigDict(ser_json_inf_nan="constants")
-_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_NAN_KEEPING)
+# Built on first use (a tool without a return annotation): not on every page's start-up.
+_ANY_OUTPUT_CONFIG: Final = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
+_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_ANY_OUTPUT_CONFIG)
+_NAN_KEEPING_DEFERRED: Final = _ANY_OUTPUT_CONFIG
 _UNVALIDATED_RETURNS: Final = (Any, object)
 _EMPTY: Final = inspect.Parameter.empty
+# Return values whose JSON is their own `json.dumps`, with no pydantic validation or
+# serialization to go through: a value of exactly the annotated type, or of any of
+# these types where the output is not validated. Validating and
+# dumping them through pydantic gives the same value (a test holds them equal); it was
+# a third of an invoke's protocol work in a page (bench/README.md).
+_PLAIN_TYPES: Final[frozenset[type]] = frozenset({int, float, bool, str, type(None)})
+_NO_PLAIN_OUTPUTS: Final[frozenset[type]] = frozenset()
+
+
+def _plain_outputs(return_type: Any, validated: bool) -> frozenset[type]:
+    if not validated:
+        return _PLAIN_TYPES
+    if return_type is None:
+        return_type = type(None)
+    return frozenset({return_type}) if return_type in _PLAIN_TYPES else _NO_PLAIN_OUTPUTS
 
 
 def _output_adapter(
@@ -415,8 +433,11 @@ class FunctionSchema:
 
     #: The docstring's first paragraph ("" without a docstring).
     description: str
-    #: The generated input model: fields p0, p1, ... aliased by parameter name.
-    input_model: type[BaseModel]
+    #: The generated input model: fields p0, p1, ... aliased by parameter name; None
+    #: while not built yet (a signature of plain parameters, see `_plain_input_schema`).
+    input_model: type[BaseModel] | None
+    #: Builds the input model (the one above, or the first time it is needed).
+    make_input_model: Callable[[], type[BaseModel]]
     #: `inputSchema`: an object with `properties`, `required` and no other properties.
     input_schema: dict[str, JsonValue]
     #: (internal field name, parameter name) per schema parameter, in signature order.
@@ -427,6 +448,8 @@ class FunctionSchema:
     output_adapter: TypeAdapter[Any]
     output_schema: dict[str, JsonValue] | None
     validate_output: bool
+    #: Types of return value that are dumped with `json.dumps` alone (see `_PLAIN_TYPES`).
+    plain_outputs: frozenset[type]
     is_async: bool
 
 
@@ -459,22 +482,35 @@ def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
         field_names.append((internal, param.name))
         fields[internal] = _parameter_field(param, annotation, doc_params.get(param.name))
 
-    input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
+    def make_input_model() -> type[BaseModel]:
+        return _input_model(fn, tool_name, fields, field_names)[0]
+
+    input_model: type[BaseModel] | None = None
+    input_schema = _plain_input_schema(fields)
+    if input_schema is None:
+        input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
     return_type = hints.get("return", _EMPTY)
     if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
         output_adapter, output_schema, validate_output = _ANY_OUTPUT, None, False
+    elif isinstance(return_type, type) and return_type in _PLAIN_RETURNS:
+        # Known schemas (a test compares them with pydantic's); the adapter is built
+        # on first use, for a value that is not already of the type (plain_outputs).
+        output_adapter = TypeAdapter(return_type, config=_NAN_KEEPING_DEFERRED)
+        output_schema, validate_output = _PLAIN_RETURNS[return_type], True
     else:
         output_adapter, output_schema = _output_adapter(tool_name, return_type)
         validate_output = True
     return FunctionSchema(
         description=doc_summary,
         input_model=input_model,
+        make_input_model=make_input_model,
         input_schema=_finish_input_schema(input_schema),
         fields=tuple(field_names),
         context_parameter=context_param,
         output_adapter=output_adapter,
         output_schema=output_schema,
         validate_output=validate_output,
+        plain_outputs=_plain_outputs(return_type, validate_output),
         is_async=inspect.iscoroutinefunction(fn),
     )
 
@@ -535,6 +571,57 @@ def _parameter_field(
     return annotation, Field(**field_kwargs)
 
 
+#: JSON schema types of the plain parameter and return types, as pydantic writes them.
+_PLAIN_SCHEMA_TYPES: Final[dict[type, str]] = {
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    str: "string",
+}
+
+
+#: The output schemas of plain return annotations (None: "returns nothing").
+_PLAIN_RETURNS: Final[dict[type, dict[str, JsonValue] | None]] = {
+    **{tp: {"type": kind} for tp, kind in _PLAIN_SCHEMA_TYPES.items()},
+    type(None): None,
+}
+
+
+def _plain_input_schema(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The input schema pydantic would write, for parameters of plain types only; else None.
+
+    Plain: annotated exactly `int`, `float`, `bool` or `str` (no `Annotated`, no
+    `Field`), with no default or a default of that very type (a finite float). For
+    such a signature, pydantic's schema is this one (a test compares them over many
+    signatures), and building the input model and its schema was most of a tool's
+    registration: the model is then built when the first invoke needs it.
+    """
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for annotation, info in fields.values():
+        kind = _PLAIN_SCHEMA_TYPES.get(annotation) if isinstance(annotation, type) else None
+        if kind is None or info.alias is None:
+            return None
+        prop: dict[str, Any] = {}
+        if not info.is_required():
+            default = info.default
+            if type(default) is not annotation or (
+                annotation is float and not math.isfinite(default)
+            ):
+                return None
+            prop["default"] = default
+        else:
+            required.append(info.alias)
+        if info.description is not None:
+            prop["description"] = info.description
+        prop["type"] = kind
+        properties[info.alias] = prop
+    schema: dict[str, Any] = {"properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
 def _input_model(
     fn: Callable[..., Any],
     tool_name: str,
@@ -572,15 +659,18 @@ class Tool:
         "_context_param",
         "_fields",
         "_input_model",
+        "_make_input_model",
         "_output",
+        "_plain_outputs",
+        "_spec",
         "_validate_output",
         "description",
         "function",
         "is_async",
         "name",
         "needs_approval",
-        "spec",
         "timeout",
+        "wire_spec",
     )
 
     name: str
@@ -589,7 +679,8 @@ class Tool:
     is_async: bool
     timeout: float | None
     needs_approval: bool
-    spec: protocol.ToolSpec
+    #: The spec as the tools frame carries it (camelCase keys, absent fields left out).
+    wire_spec: dict[str, Any]
 
     def __init__(
         self,
@@ -635,18 +726,39 @@ class Tool:
         self.needs_approval = needs_approval
         self._context_param = schema.context_parameter
         self._input_model = schema.input_model
+        self._make_input_model = schema.make_input_model
         self._fields = schema.fields
         self._output = schema.output_adapter
         self._validate_output = schema.validate_output
-        self.spec = protocol.ToolSpec(
-            name=tool_name,
-            description=self.description,
-            input_schema=schema.input_schema,
-            output_schema=schema.output_schema,
-            needs_approval=needs_approval,
-            timeout_ms=None if timeout is None else max(1, round(timeout * 1000)),
-        )
-        size = protocol.json_size(self.spec.model_dump(mode="json", by_alias=True))
+        self._plain_outputs = schema.plain_outputs
+        timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+        self._spec: protocol.ToolSpec | None = None
+        if isinstance(self.description, str) and type(needs_approval) is bool:
+            # What ToolSpec would dump, written directly: building the ToolSpec model
+            # (its validator and serializer) was a tenth of a page's start-up, and the
+            # tools frame needs only this (`spec` builds the model on first use).
+            wire: dict[str, Any] = {
+                "name": tool_name,
+                "description": self.description,
+                "inputSchema": schema.input_schema,
+            }
+            if schema.output_schema is not None:
+                wire["outputSchema"] = schema.output_schema
+            wire["needsApproval"] = needs_approval
+            if timeout_ms is not None:
+                wire["timeoutMs"] = timeout_ms
+            self.wire_spec = wire
+        else:  # a value ToolSpec refuses: let it say so, as it always did
+            self._spec = protocol.ToolSpec(
+                name=tool_name,
+                description=self.description,
+                input_schema=schema.input_schema,
+                output_schema=schema.output_schema,
+                needs_approval=needs_approval,
+                timeout_ms=timeout_ms,
+            )
+            self.wire_spec = self._spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        size = protocol.json_size(self.wire_spec)
         if size > protocol.MAX_TOOL_SPEC_BYTES:
             raise ValueError(
                 f"tool {tool_name!r}: its spec is {size} bytes, over the "
@@ -655,8 +767,21 @@ class Tool:
             )
 
     @property
+    def spec(self) -> protocol.ToolSpec:
+        """The tool's `ToolSpec` (the wire model of `wire_spec`), built on first use."""
+        if self._spec is None:
+            self._spec = protocol.ToolSpec.model_validate(self.wire_spec, by_alias=True)
+        return self._spec
+
+    @property
     def input_model(self) -> type[BaseModel]:
-        """The generated pydantic model of the input (fields aliased by parameter name)."""
+        """The generated pydantic model of the input (fields aliased by parameter name).
+
+        For a signature of plain parameters it is built on first use (the first
+        invoke), not at registration: see `_plain_input_schema`.
+        """
+        if self._input_model is None:
+            self._input_model = self._make_input_model()
         return self._input_model
 
     @property
@@ -676,8 +801,9 @@ class Tool:
         # ("3" -> 3, "2024-01-01" -> date, list -> tuple, "red" -> Color.RED), and
         # it skips re-dumping the input to text per call. Strict python mode is not
         # an option: it refuses a str for a date or a dict for a dataclass.
+        input_model = self._input_model or self.input_model
         try:
-            model = self._input_model.model_validate(input)
+            model = input_model.model_validate(input)
         except ValidationError as exc:
             raise self._invalid_input(exc) from None
         values = model.__dict__
@@ -720,6 +846,8 @@ class Tool:
         return self._dump_output(value)[1]
 
     def _dump_output(self, value: Any) -> tuple[JsonValue, str]:
+        if type(value) in self._plain_outputs:
+            return value, self._dump_json(value, protocol.plain_json)
         if _is_js_null(value):
             value = None
         if isinstance(value, (Iterator, types.CoroutineType, types.AsyncGeneratorType)):
@@ -757,14 +885,16 @@ class Tool:
             raise InvalidOutput(
                 f"tool {self.name!r} returned a value that cannot be serialized to JSON: {exc}"
             ) from None
+        return out, self._dump_json(out)
+
+    def _dump_json(self, out: JsonValue, dump: Callable[[Any], str] = protocol.dump_json) -> str:
         try:
-            text = protocol.dump_json(out)
+            return dump(out)
         except ValueError:
             raise InvalidOutput(
                 f"tool {self.name!r} returned NaN or Infinity, which JSON cannot represent; "
                 f"return None or a string instead"
             ) from None
-        return out, text
 
     def __repr__(self) -> str:
         kind = "async " if self.is_async else ""
@@ -886,6 +1016,10 @@ class ToolRegistry:
     def specs(self) -> list[protocol.ToolSpec]:
         """The specs of every tool, in registration order (the `tools` of the frame)."""
         return [tool.spec for tool in self._tools.values()]
+
+    def wire_specs(self) -> list[dict[str, Any]]:
+        """`specs()` as the tools frame carries them, without building the models."""
+        return [tool.wire_spec for tool in self._tools.values()]
 
     def on_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback()` after every add and remove; returns an unsubscribe function.

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from clienttools.protocol import RejectedTool
 
 
 def redact_token(url: str) -> str:
     """`url` with the value of its `token` query parameter hidden, for messages and logs."""
+    if "?" not in url:
+        # No query, no token. urllib.parse is imported only for a URL that has one: in
+        # a page, importing it was a tenth of the SDK's start-up (bench/README.md).
+        return url
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     if not any(key == "token" for key, _ in query):

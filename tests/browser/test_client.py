@@ -1,7 +1,9 @@
 """The real SDK in real Chromium, driven by a real WebSocket peer (rules C1-C13).
 
 Every test runs against both flavours: the Pyodide client (client.html) and the
-MicroPython one (client_mpy.html, the same tools with declared schemas). One page
+MicroPython one (client_mpy.html, the same tools with declared schemas), and the
+Pyodide client once more under a Content-Security-Policy without 'unsafe-eval'
+(client_strict_csp.html), where its socket handlers run in Python, not JavaScript. One page
 load per flavour serves the whole module: each test uses its own tools or request
 ids, so they do not disturb each other, and the page's #state shows what the
 tools observed (runs, cancellations, JS proxies).
@@ -26,7 +28,11 @@ pytestmark = pytest.mark.browser
 SESSION = "client-tests"
 
 
-FLAVOUR_PAGES = {"pyodide": "client.html", "micropython": "client_mpy.html"}
+FLAVOUR_PAGES = {
+    "pyodide": "client.html",
+    "pyodide-strict-csp": "client_strict_csp.html",
+    "micropython": "client_mpy.html",
+}
 
 
 @pytest.fixture(scope="module", params=list(FLAVOUR_PAGES))
@@ -50,14 +56,28 @@ def page(
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(f"{static_server.url}/{FLAVOUR_PAGES[flavour]}?ws={driver.url(SESSION)}")
-    page.wait_for_function(
+    wait_for(
+        page,
         "document.getElementById('status').textContent !== 'loading'",
-        timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        timeout_ms=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
     )
     assert page.text_content("#status") == "connected", page.text_content("#status")
     yield page
     context.close()
     assert errors == []
+
+
+def wait_for(page: Page, expression: str, timeout_ms: float = 30_000) -> None:
+    """Wait until the JS `expression` is true in the page (30 s: Playwright's default).
+
+    Playwright's `wait_for_function` compiles its predicate with `eval` inside the
+    page, which the strict-CSP page refuses; `evaluate` is not the page's eval.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{expression!r} still false after {timeout_ms:g} ms")
+        time.sleep(0.02)
 
 
 def state(page: Page) -> dict[str, Any]:
@@ -140,22 +160,23 @@ def test_timeout_cancels_the_tool(page: Page, driver: ToolDriver) -> None:
     request_id = driver.start_invoke(SESSION, "wait_forever", {}, timeout_ms=200)
     result = driver.result(SESSION, request_id)
     assert result["error"]["code"] == "timeout"
-    page.wait_for_function(f"document.getElementById('state').textContent.includes('{request_id}')")
+    wait_for(page, f"document.getElementById('state').textContent.includes('{request_id}')")
 
 
 def test_cancel_reaches_the_tool_and_no_result_follows(page: Page, driver: ToolDriver) -> None:
     before = runs(page, "wait_forever")
     request_id = driver.start_invoke(SESSION, "wait_forever", {})
     # A task cancelled before it first runs never enters the tool: wait until it has.
-    page.wait_for_function(
+    wait_for(
+        page,
         "JSON.parse(document.getElementById('state').textContent).runs.wait_forever > "
-        + str(before)
+        + str(before),
     )
     driver.send(
         SESSION,
         {"type": "cf_agent_client_tool_cancel", "requestId": request_id, "reason": "aborted"},
     )
-    page.wait_for_function(f"document.getElementById('state').textContent.includes('{request_id}')")
+    wait_for(page, f"document.getElementById('state').textContent.includes('{request_id}')")
     # Frames leave in order: once a later call's result is in, any result of this one is too.
     assert driver.invoke(SESSION, "add", {"a": 1, "b": 1})["output"] == 2
     assert [
@@ -208,8 +229,8 @@ def test_async_tools_run_concurrently(page: Page, driver: ToolDriver) -> None:
     ids = [driver.start_invoke(SESSION, "nap", {"seconds": 3}) for _ in range(3)]
     # All three have started while none has finished: run one at a time, two results
     # would be in before the third started.
-    page.wait_for_function(
-        f"JSON.parse(document.getElementById('state').textContent).runs.nap === {before + 3}"
+    wait_for(
+        page, f"JSON.parse(document.getElementById('state').textContent).runs.nap === {before + 3}"
     )
     results = driver.frames(SESSION, "cf_agent_client_tool_result")
     assert [f for f in results if f["requestId"] in ids] == []
@@ -249,7 +270,7 @@ def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver
         SESSION,
         {"type": "cf_agent_client_tool_result_ack", "requestId": request_id, "outcome": "applied"},
     )
-    page.wait_for_function("window.outboxSize() === 0")
+    wait_for(page, "window.outboxSize() === 0")
     peers_before = len(driver.peers)
     driver.drop(SESSION)
     peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)
@@ -258,7 +279,7 @@ def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver
     assert [f for f in peer.received if f.get("requestId") == request_id] == []
 
 
-def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver) -> None:
+def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver, flavour: str) -> None:
     for _ in range(20):
         peers_before = len(driver.peers)
         driver.drop(SESSION)
@@ -268,10 +289,14 @@ def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver) -> None:
     observed = state(page)
     live = observed["proxiesCreated"] - observed["proxiesDestroyed"]
     assert observed["proxiesCreated"] > 20 * 3
-    # Only the live socket's four handlers remain. Pyodide: onmessage, onclose, onerror
-    # and the MessageChannel port's onmessage (onopen goes once the socket opens);
-    # MicroPython: onopen, onmessage, onclose and onerror.
-    assert live == 4, observed
+    # Only the live socket's handlers remain (onopen goes once the socket opens).
+    # Pyodide: the three Python functions its JavaScript handlers call (a frame, a
+    # burst, the close); under the strict CSP, onmessage, onclose, onerror and the
+    # MessageChannel port's onmessage; MicroPython: onopen, onmessage, onclose, onerror.
+    expected = {"pyodide": 3, "pyodide-strict-csp": 4, "micropython": 4}[flavour]
+    assert live == expected, observed
+    if flavour != "micropython":
+        assert observed["jsHandlers"] is (flavour == "pyodide"), observed
 
 
 def test_reload_resends_unacknowledged_results_without_running_again(
@@ -284,9 +309,10 @@ def test_reload_resends_unacknowledged_results_without_running_again(
         assert driver.result(SESSION, request_id)["output"] == 13
         peers_before = len(driver.peers)
         page.reload()
-        page.wait_for_function(
+        wait_for(
+            page,
             "document.getElementById('status').textContent === 'connected'",
-            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+            timeout_ms=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
         )
         driver.wait_registered(SESSION, after=peers_before, timeout=5)
         assert driver.result(SESSION, request_id, nth=2)["output"] == 13

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from clienttools import protocol as p
 
@@ -78,3 +80,30 @@ def test_binary_and_oversize_frames_are_refused() -> None:
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     frame = p.parse_server_frame('{"type":"cf_agent_ping","t":3,"future":true}')
     assert frame == p.PingFrame(t=3)
+
+
+@given(
+    value=st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.lists(st.integers())
+    )
+)
+@example(value=10**5000)  # longer than int's string limit: both refuse it
+@example(value="lone \ud800 surrogate")
+def test_plain_json_is_dump_json(value: object) -> None:
+    try:
+        expected = p.dump_json(value)
+    except ValueError:
+        with pytest.raises(ValueError):
+            p.plain_json(value)
+    else:
+        assert p.plain_json(value) == expected
+
+
+def test_wire_names_are_pydantics_camel_case() -> None:
+    from pydantic.alias_generators import to_camel
+
+    models = [m for m in vars(p).values() if isinstance(m, type) and issubclass(m, p.WireModel)]
+    names = {name for m in models for name in m.model_fields}
+    assert len(models) > 20 and "tool_call_id" in names
+    for name in names:
+        assert p.wire_name(name) == to_camel(name), name

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Optional
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
-from pydantic import BaseModel, Field, JsonValue, field_validator
+from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validator
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from clienttools import protocol
@@ -418,6 +418,118 @@ def test_spec_frame_round_trips() -> None:
     again = protocol.parse_client_frame(protocol.dump_frame(frame))
     assert isinstance(again, protocol.ClientToolsFrame)
     assert again.tools == registry.specs()
+
+
+def test_tools_frame_text_is_the_models_dump() -> None:
+    registry = ToolRegistry()
+    for fn in SAMPLES:
+        registry.add(fn)
+    registry.add(primitives, name="with-options", description="Ünïcode ✓", timeout=2.5)
+    registry.add(primitives, name="approved", needs_approval=True, timeout=0.0001)
+    for tool in registry:
+        assert tool.wire_spec == spec_json(tool)
+    expected = protocol.dump_frame(
+        protocol.ClientToolsFrame(client_id="page-1", tools=registry.specs())
+    )
+    assert protocol.tools_frame_text("page-1", registry.wire_specs()) == expected
+
+
+def test_tools_frame_text_refuses_what_the_model_refuses() -> None:
+    specs = [make_tool(primitives).wire_spec]
+    for client_id in ("", "x" * 257):
+        with pytest.raises(ValidationError, match=r"client_id|clientId"):
+            protocol.tools_frame_text(client_id, specs)
+    assert json.loads(protocol.tools_frame_text("x" * 256, specs))["clientId"] == "x" * 256
+
+
+@pytest.mark.parametrize("options", [{"description": 3}, {"needs_approval": 1}])
+def test_a_spec_value_the_model_refuses_fails_at_registration(options: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        make_tool(primitives, **options)
+
+
+def _signature_tool(params: list[tuple[str, Any, Any, str | None]], returns: Any) -> Any:
+    """A function of keyword-only parameters (name, annotation, default, docstring entry)."""
+
+    def fn(**kwargs: Any) -> Any:
+        return 0
+
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, _, d, _ in params]
+    )
+    fn.__annotations__ = {n: tp for n, tp, _, _ in params}
+    if returns is not inspect.Parameter.empty:
+        fn.__annotations__["return"] = returns
+    described = [f"    {n}: {doc}" for n, _, _, doc in params if doc is not None]
+    fn.__doc__ = "Summary.\n\nArgs:\n" + "\n".join(described) if described else "Summary."
+    return fn
+
+
+_EMPTY = inspect.Parameter.empty
+_PLAIN_DEFAULTS = {int: 7, float: 2.5, bool: True, str: "x"}
+_SIGNATURES = {
+    "every plain kind": [
+        (
+            f"{tp.__name__}_{i}",
+            tp,
+            _PLAIN_DEFAULTS[tp] if i % 2 else _EMPTY,
+            "Said." if i < 2 else None,
+        )
+        for tp in (int, float, bool, str)
+        for i in range(4)
+    ],
+    "no parameters": [],
+    "only defaults": [("a", int, 0, None), ("b", str, "", "Empty.")],
+    "names pydantic models own": [("json", int, _EMPTY, None), ("schema", str, "s", None)],
+    # Not plain: the model's schema is the schema, as before.
+    "optional": [("a", int | None, None, None)],
+    "list": [("a", list[int], _EMPTY, None)],
+    "annotated": [("a", Annotated[int, Field(ge=0)], _EMPTY, None)],
+    "field default": [("a", int, Field(3, ge=0), None)],
+    "bool default for int": [("a", int, True, None)],
+    "int default for float": [("a", float, 1, None)],
+}
+
+
+@pytest.mark.parametrize("returns", [_EMPTY, int, float, bool, str, None, list[int]], ids=repr)
+@pytest.mark.parametrize("params", list(_SIGNATURES.values()), ids=list(_SIGNATURES))
+def test_plain_signatures_have_the_schemas_pydantic_writes(
+    params: list[tuple[str, Any, Any, str | None]], returns: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn = _signature_tool(params, returns)
+    fast = make_tool(fn, name="t")
+    arguments = {n: _PLAIN_DEFAULTS.get(tp, 1) for n, tp, d, _ in params if d is _EMPTY}
+    fast_arguments = _validated(fast, arguments)
+    # The same tool with pydantic making both schemas at registration.
+    monkeypatch.setattr("clienttools.tools._plain_input_schema", lambda fields: None)
+    monkeypatch.setattr("clienttools.tools._PLAIN_RETURNS", {})
+    slow = make_tool(fn, name="t")
+    assert fast.wire_spec == slow.wire_spec
+    assert fast_arguments == _validated(slow, arguments)
+    for value in (0, "3", 2.5, True, None, [1]):
+        assert _dumped(fast, value) == _dumped(slow, value), value
+
+
+def _validated(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        return tool.validate_input(arguments)
+    except InvalidInput as exc:
+        return f"InvalidInput: {exc}"
+
+
+def _dumped(tool: Tool, value: Any) -> str:
+    try:
+        return tool.dump_output_json(value)
+    except InvalidOutput as exc:
+        return f"InvalidOutput: {exc}"
+
+
+def test_a_plain_signature_builds_its_model_on_the_first_invoke() -> None:
+    tool = make_tool(_signature_tool([("a", int, _EMPTY, None)], int), name="t")
+    assert tool._input_model is None
+    with pytest.raises(InvalidInput, match="a"):
+        tool.validate_input({"a": "not a number"})
+    assert tool.input_model is tool._input_model is not None
 
 
 def test_oversize_spec_is_refused() -> None:
@@ -1136,6 +1248,57 @@ def test_annotated_outputs_validate_and_serialize() -> None:
     assert make_tool(enums_and_literals).dump_output("green") == "green"  # lax, like input
     assert make_tool(containers).dump_output({"a": (1, 2)}) == {"a": [1, 2]}
     assert make_tool(_returns_none, name="t").dump_output(None) is None
+
+
+def _pydantic_dump(tool: Tool, value: Any) -> str | type[InvalidOutput]:
+    """What `dump_output_json` gives through pydantic alone (no plain-value shortcut)."""
+    adapter = tool._output
+    try:
+        if tool._validate_output:
+            value = adapter.validate_python(value)
+        out = adapter.dump_python(value, mode="json", warnings="error")
+        return protocol.dump_json(out)
+    except (ValidationError, ValueError):  # pydantic's own errors are ValueErrors too
+        return InvalidOutput
+
+
+def _tool_returning(annotation: Any) -> Tool:
+    def returns(a: int):  # type: ignore[no-untyped-def]
+        return a
+
+    if annotation is not inspect.Parameter.empty:
+        returns.__annotations__["return"] = annotation
+    return make_tool(returns)
+
+
+# Made once, before any example runs: registering is slow next to a dump.
+_RETURNING = {
+    annotation: _tool_returning(annotation)
+    for annotation in (inspect.Parameter.empty, Any, object, int, float, bool, str, None)
+}
+
+
+_PLAIN_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(),
+)
+
+
+@given(value=_PLAIN_VALUES)
+@example(value="lone \ud800 surrogate")
+@example(value=math.nan)
+@pytest.mark.parametrize("annotation", list(_RETURNING), ids=repr)
+def test_plain_outputs_dump_as_pydantic_dumps_them(annotation: Any, value: Any) -> None:
+    tool = _RETURNING[annotation]
+    expected = _pydantic_dump(tool, value)
+    if expected is InvalidOutput:
+        with pytest.raises(InvalidOutput):
+            tool.dump_output_json(value)
+    else:
+        assert tool.dump_output_json(value) == expected
 
 
 class _Slotted:

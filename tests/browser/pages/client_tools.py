@@ -22,6 +22,7 @@ def publish() -> None:
             "cancelled": cancelled,
             "proxiesCreated": getattr(connector, "proxies_created", None),
             "proxiesDestroyed": getattr(connector, "proxies_destroyed", None),
+            "jsHandlers": getattr(connector, "js_handlers", None),
         }
     )
 
