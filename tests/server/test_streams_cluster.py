@@ -66,6 +66,20 @@ async def resume(chat: ChatPeer, chat_id: str, last_sequence: int | None = None)
     return request_id
 
 
+async def send_again(chat: ChatPeer, request_id: str, message_id: str) -> None:
+    """A second ``send`` for chat ``c1``, while its first response may still stream."""
+    message = {"id": message_id, "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    await chat.browser.send(
+        {
+            "type": "send",
+            "requestId": request_id,
+            "id": "c1",
+            "trigger": "submit-message",
+            "messages": [message],
+        }
+    )
+
+
 async def started(chat: ChatPeer, request_id: str) -> None:
     await chat.browser.expect("start", TIMEOUT, requestId=request_id)
 
@@ -221,31 +235,11 @@ async def test_a_send_on_another_process_while_the_chat_streams_is_refused(
             await wait_until(lambda: ("y", 3) in page.running, TIMEOUT, "the tool to run")
             on_b = await ChatPeer.open(b.ws_url("s"))
             refused = "send-on-b"
-            await on_b.browser.send(
-                {
-                    "type": "send",
-                    "requestId": refused,
-                    "id": "c1",
-                    "trigger": "submit-message",
-                    "messages": [
-                        {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
-                    ],
-                }
-            )
+            await send_again(on_b, refused, "u2")
             error = await on_b.browser.expect("error", TIMEOUT, requestId=refused)
             # The same refusal as on the process that streams it.
             again = "send-on-a"
-            await on_a.browser.send(
-                {
-                    "type": "send",
-                    "requestId": again,
-                    "id": "c1",
-                    "trigger": "submit-message",
-                    "messages": [
-                        {"id": "u3", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
-                    ],
-                }
-            )
+            await send_again(on_a, again, "u3")
             error_a = await on_a.browser.expect("error", TIMEOUT, requestId=again)
             gate.set()
             done = await on_a.response(request_id)
