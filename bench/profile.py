@@ -165,10 +165,9 @@ def _timed_find_and_load(name, import_):
         _import_times[name] = (total * 1e3, (total - inner) * 1e3)
 _bootstrap._find_and_load = _timed_find_and_load
 """
-START_CODE = {
-    "clienttools": """
-t0 = _time.perf_counter()
-import clienttools
+# What both start-up profiles time: import the SDK (t0 -> t1), register one tool (-> t2),
+# make the tools frame (-> t3); then stop timing imports.
+_SDK_START = """import clienttools
 t1 = _time.perf_counter()
 client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
 @client.tool
@@ -181,7 +180,13 @@ client.session.connection_opened(0.0)
 frame = client.session.frames_to_send()[0]
 t3 = _time.perf_counter()
 _bootstrap._find_and_load = _find_and_load
-{"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
+"""
+START_CODE = {
+    "clienttools": """
+t0 = _time.perf_counter()
+"""
+    + _SDK_START
+    + """{"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
  "modules": _import_times}
 """,
     "pydantic": """
@@ -198,7 +203,8 @@ _bootstrap._find_and_load = _find_and_load
 }
 # The SDK's share alone: what clienttools adds once pydantic and one model are there (as
 # on the baseline page), under cProfile, by own and by total time.
-MARGINAL_CODE = """
+MARGINAL_CODE = (
+    """
 import pydantic
 class Add(pydantic.BaseModel):
     a: int
@@ -209,20 +215,9 @@ _profile = cProfile.Profile()
 t0 = _time.perf_counter()
 if _PROFILE:
     _profile.enable()
-import clienttools
-t1 = _time.perf_counter()
-client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
-@client.tool
-def add(a: int, b: int) -> int:
-    \"\"\"Add two integers.\"\"\"
-    return a + b
-t2 = _time.perf_counter()
-import clienttools.browser
-client.session.connection_opened(0.0)
-frame = client.session.frames_to_send()[0]
-t3 = _time.perf_counter()
-_bootstrap._find_and_load = _find_and_load
-_out = io.StringIO()
+"""
+    + _SDK_START
+    + """_out = io.StringIO()
 if _PROFILE:
     _profile.disable()
     _stats = pstats.Stats(_profile, stream=_out)
@@ -231,6 +226,7 @@ if _PROFILE:
 {"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
  "modules": _import_times, "profile": _out.getvalue()}
 """
+)
 LOAD_AND_RUN = """async ([packages, timer, code]) => {
   const t0 = performance.now();
   await window.pyodide.loadPackage(packages);
