@@ -31,6 +31,7 @@ from playwright.sync_api import Browser, BrowserContext, Page
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import PLAYWRIGHT_CONFIG, ROOT
+from tests.support.chunks import normalized
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -173,20 +174,6 @@ def response_chunks(page: Page, request_ids: list[str]) -> tuple[list[dict[str, 
     assert sorted(by_sequence) == list(range(len(by_sequence))), sorted(by_sequence)
     finals = [f["type"] for f in frames if f["type"] in ("end", "error", "no-active")]
     return [by_sequence[i] for i in range(len(by_sequence))], finals[-1] if finals else ""
-
-
-def normalized(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chunks with the per-run ids (message id, tool call ids) replaced by placeholders."""
-    ids: dict[str, str] = {}
-    out = []
-    for chunk in chunks:
-        chunk = dict(chunk)
-        if "messageId" in chunk:
-            chunk["messageId"] = "MESSAGE"
-        if "toolCallId" in chunk:
-            chunk["toolCallId"] = ids.setdefault(chunk["toolCallId"], f"CALL{len(ids)}")
-        out.append(chunk)
-    return out
 
 
 def assistant_text(st: dict[str, Any]) -> str:

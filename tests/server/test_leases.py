@@ -22,10 +22,11 @@ from pathlib import Path
 
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
-from clienttools_server.ledger import Execution, Step
+from clienttools_server.ledger import Execution
 from clienttools_server.ledger_postgres import PostgresLedger
 from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, prompt_for
+from tests.support.cluster import final_text, tool_outcomes
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
@@ -113,16 +114,6 @@ def run_of(ledger: PostgresLedger, chat_id: str) -> Execution:
         e for e in ledger.executions() if RunRequest.from_json(e.request_json).chat_id == chat_id
     ]
     return execution
-
-
-def final_text(steps: list[Step]) -> str:
-    events = [s for s in steps if s.kind == "model"][-1].result()
-    assert isinstance(events, dict)
-    return "".join(e.get("text", "") for e in events["events"])
-
-
-def tool_outcomes(steps: list[Step]) -> list[object]:
-    return [s.result() if s.state == "applied" else s.state for s in steps if s.kind == "tool"]
 
 
 async def test_the_runs_of_a_killed_owner_complete_on_the_survivor(

@@ -28,6 +28,7 @@ from clienttools_server.config import ServerConfig
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
 from tests.server.server_harness import Response, settled
 from tests.server.test_leases import AGENT, GatedPage, reader, run_of
+from tests.support.chunks import normalized
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
@@ -82,20 +83,6 @@ async def send_again(chat: ChatPeer, request_id: str, message_id: str) -> None:
 
 async def started(chat: ChatPeer, request_id: str) -> None:
     await chat.browser.expect("start", TIMEOUT, requestId=request_id)
-
-
-def normalized(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chunks with the ids a run draws (message, tool calls) numbered by first sight."""
-    ids: dict[str, str] = {}
-    out = []
-    for chunk in chunks:
-        chunk = dict(chunk)
-        if "messageId" in chunk:
-            chunk["messageId"] = "message"
-        if "toolCallId" in chunk:
-            chunk["toolCallId"] = ids.setdefault(chunk["toolCallId"], f"call-{len(ids)}")
-        out.append(chunk)
-    return out
 
 
 async def undisturbed(server: ServerProcess, prompt: str) -> Response:
