@@ -27,13 +27,14 @@ Nothing finished is kept forever: :meth:`Ledger.prune_finished` deletes the
 executions (and their steps) that finished longer than a retention ago; the
 server calls it from its expiry loop.
 
-Example::
+Every method that reads or writes is a coroutine (a shared store waits for its
+database without blocking the event loop). Example::
 
-    ledger = SqliteLedger("ledger.sqlite3")
-    run = ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
-    step = ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now=time.time())
-    outcome = ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', now=time.time())
-    assert outcome.ok and ledger.get_step(run.id, 0).result() == {"lat": 52.5, "lon": 13.4}
+    async with SqliteLedger("ledger.sqlite3") as ledger:
+        run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
+        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", time.time())
+        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', time.time())
+        assert outcome.ok and (await ledger.get_step(run.id, 0)).result() == {"lat": 52.5, "lon": 13.4}
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, cast
@@ -465,14 +466,19 @@ class Leases:
 
 
 class Ledger(Protocol):
-    """What the runtime calls; :class:`SqliteLedger` implements it."""
+    """What the runtime calls; :class:`SqliteLedger` implements it.
+
+    Every method that reads or writes is a coroutine, so a store on a server
+    (PostgreSQL) waits for its database without blocking the event loop; what
+    needs no I/O (``owner``, ``release``, ``after_commit``) is synchronous.
+    """
 
     @property
     def owner(self) -> str:
         """This instance's process id, drawn when it opens: the owner of the runs it holds."""
         ...
 
-    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+    async def notify(self, process_id: str | None, kind: str, *args: str) -> None:
         """Tell process ``process_id`` (None: every process) that rows changed; ids only.
 
         Inside :meth:`batch` it is part of the transaction (delivered after the
@@ -481,7 +487,7 @@ class Ledger(Protocol):
         """
         ...
 
-    def take_over(self, now: float) -> list[Execution]:
+    async def take_over(self, now: float) -> list[Execution]:
         """Take every unfinished execution whose lease lapsed; they are this instance's now.
 
         Each comes back with its new generation, which this instance holds from
@@ -490,7 +496,7 @@ class Ledger(Protocol):
         """
         ...
 
-    def renew(self, now: float) -> list[str]:
+    async def renew(self, now: float) -> list[str]:
         """Extend the lease of every execution held to ``now`` + the lease.
 
         Returns the ids of those that turned out lost (taken over meanwhile):
@@ -502,14 +508,14 @@ class Ledger(Protocol):
         """Stop renewing the execution's lease (its run ended in this process)."""
         ...
 
-    def keep_alive(self, now: float) -> frozenset[str]:
+    async def keep_alive(self, now: float) -> frozenset[str]:
         """Mark this process alive until ``now`` + the lease; the ids of the live processes.
 
         Processes dead for ten leases are forgotten, with their registrations.
         """
         ...
 
-    def register(
+    async def register(
         self, connection_id: str, session: str, client_id: str | None, tools_json: str
     ) -> int:
         """Record (or replace) a connection's tools; its registration order, cluster-wide.
@@ -519,29 +525,29 @@ class Ledger(Protocol):
         """
         ...
 
-    def unregister(self, connection_id: str) -> None: ...
+    async def unregister(self, connection_id: str) -> None: ...
 
-    def registrations(self, session: str, now: float) -> list[Registration]:
+    async def registrations(self, session: str, now: float) -> list[Registration]:
         """The session's registrations on live processes, oldest first."""
         ...
 
-    def registered(self, connection_id: str, now: float) -> bool:
+    async def registered(self, connection_id: str, now: float) -> bool:
         """Is the connection registered on a live process?"""
         ...
 
-    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
         """(request id, connection, run's owner) of each pending call last invoked on one."""
         ...
 
-    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+    async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
         """Record the tool call id a pending approval step is answered by."""
         ...
 
-    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
         """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
         ...
 
-    def start_execution(
+    async def start_execution(
         self, session: str, request_json: str, now: float, chat_id: str | None = None
     ) -> Execution:
         """Start a run. ``chat_id``: the chat it answers; a shared ledger records it, so
@@ -549,19 +555,19 @@ class Ledger(Protocol):
         an execution of the same session and chat is unfinished."""
         ...
 
-    def get_execution(self, execution_id: str) -> Execution | None: ...
+    async def get_execution(self, execution_id: str) -> Execution | None: ...
 
-    def executions(
+    async def executions(
         self,
         statuses: Collection[ExecutionStatus] | None = None,
         session: str | None = None,
     ) -> list[Execution]: ...
 
-    def set_status(
+    async def set_status(
         self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
     ) -> None: ...
 
-    def record_step(
+    async def record_step(
         self,
         execution_id: str,
         seq: int,
@@ -574,23 +580,41 @@ class Ledger(Protocol):
         result_json: str | None = None,
     ) -> Step: ...
 
-    def batch(self) -> contextlib.AbstractContextManager[None]: ...
+    def batch(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Commit every write made inside the block in one transaction when it ends.
 
-    def get_step(self, execution_id: str, seq: int) -> Step | None: ...
+        Nestable. On a shared store the batch belongs to the task that opened
+        it: other tasks' calls while it awaits are not part of it.
+        """
+        ...
 
-    def step_by_request_id(self, request_id: str) -> Step | None: ...
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the writes so far are committed.
 
-    def steps(self, execution_id: str) -> list[Step]: ...
+        Outside a batch: at once. Inside one: once the outermost batch of this
+        task has committed, in the order registered, even when its block raised
+        (a refusal keeps the writes before it); dropped if the batch's
+        transaction rolled back (a database error) or its commit failed. Frames
+        that announce a batch's writes go through it, so no peer hears of a
+        write before it is durable.
+        """
+        ...
 
-    def pending_steps(
+    async def get_step(self, execution_id: str, seq: int) -> Step | None: ...
+
+    async def step_by_request_id(self, request_id: str) -> Step | None: ...
+
+    async def steps(self, execution_id: str) -> list[Step]: ...
+
+    async def pending_steps(
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]: ...
 
-    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome: ...
+    async def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome: ...
 
-    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
+    async def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
 
-    def add_attempt(
+    async def add_attempt(
         self,
         execution_id: str,
         seq: int,
@@ -602,11 +626,11 @@ class Ledger(Protocol):
         """Count one more delivery of the step, recording where it went; the new count."""
         ...
 
-    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None: ...
+    async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None: ...
 
-    def expire_paused(self, ttl: float, now: float) -> list[str]: ...
+    async def expire_paused(self, ttl: float, now: float) -> list[str]: ...
 
-    def prune_finished(self, retention: float, now: float) -> int:
+    async def prune_finished(self, retention: float, now: float) -> int:
         """Delete finished executions (and their steps) last changed before ``now - retention``.
 
         Returns how many executions were deleted. Running and paused ones are
@@ -614,7 +638,7 @@ class Ledger(Protocol):
         """
         ...
 
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------- SQLite
@@ -722,6 +746,8 @@ class SqliteLedger:
         # so a read-then-write cannot interleave with another process's write.
         self._connection: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
         self._batch_depth = 0
+        self._after_commit: list[Callable[[], None]] = []
+        self._rolled_back = False  # the open batch's transaction was rolled back
         try:
             db = self._connection
             db.execute("PRAGMA busy_timeout = 5000")
@@ -732,7 +758,7 @@ class SqliteLedger:
             db.execute("PRAGMA foreign_keys = ON")
             self._migrate()
         except BaseException:
-            self.close()  # a half-opened ledger must not leak its connection
+            self._close()  # a half-opened ledger must not leak its connection
             raise
 
     def _migrate(self) -> None:
@@ -777,6 +803,7 @@ class SqliteLedger:
                 # error) takes the whole batch with it rather than leave half a call.
                 if db.total_changes != changes and db.in_transaction:
                     db.execute("ROLLBACK")
+                    self._rolled_back = True
                 raise
             return
         db.execute("BEGIN IMMEDIATE")
@@ -787,17 +814,19 @@ class SqliteLedger:
             raise
         db.execute("COMMIT")
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def batch(self) -> AsyncIterator[None]:
         """Commit every write made inside the block in one transaction, when the block ends.
 
         For the writes of one logical step (a model answer and the tool calls it
         asked for). A call that raises before writing (a divergence, a refused
         value) leaves the calls before it to be committed, as if each had
         committed on its own; one that fails after writing part of its change
-        rolls the whole batch back. Durability holds only if nothing
-        is acknowledged to a peer inside the block: keep it synchronous (no
-        ``await``), so frames queued in it leave after the commit. Nestable.
+        rolls the whole batch back. Durability holds only if nothing is
+        acknowledged to a peer inside the block: what announces its writes goes
+        through :meth:`after_commit`. One connection: this store's coroutines
+        never suspend, so nothing else runs inside a block that awaits only
+        ledger calls. Nestable.
         """
         db = self._db
         self._batch_depth += 1
@@ -805,36 +834,54 @@ class SqliteLedger:
             yield
         finally:
             self._batch_depth -= 1
-            if not self._batch_depth and db.in_transaction:
-                try:
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
+            if not self._batch_depth:
+                actions, self._after_commit = self._after_commit, []
+                rolled_back, self._rolled_back = self._rolled_back, False
+                if db.in_transaction:
+                    try:
+                        db.execute("COMMIT")
+                    except BaseException:
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                        raise
+                if not rolled_back:
+                    # Committed (a refusal inside leaves the writes before it):
+                    # what announces them may go now.
+                    for action in actions:
+                        action()
 
-    def __enter__(self) -> SqliteLedger:
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the writes so far are committed: now, or when the batch ends."""
+        if self._batch_depth:
+            self._after_commit.append(action)
+        else:
+            action()
+
+    async def __aenter__(self) -> SqliteLedger:
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self._close()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
     # the registrations (S2): one process, so they live in its memory
 
-    def keep_alive(self, now: float) -> frozenset[str]:
+    async def keep_alive(self, now: float) -> frozenset[str]:
         return frozenset({self._leases.owner})
 
-    def register(
+    async def register(
         self, connection_id: str, session: str, client_id: str | None, tools_json: str
     ) -> int:
         self._registration_order += 1
@@ -850,25 +897,25 @@ class SqliteLedger:
         )  # fmt: skip
         return self._registration_order
 
-    def unregister(self, connection_id: str) -> None:
+    async def unregister(self, connection_id: str) -> None:
         self._registrations.pop(connection_id, None)
 
-    def registrations(self, session: str, now: float) -> list[Registration]:
+    async def registrations(self, session: str, now: float) -> list[Registration]:
         return sorted(
             (r for r in self._registrations.values() if r.session == session),
             key=lambda r: r.order,
         )
 
-    def registered(self, connection_id: str, now: float) -> bool:
+    async def registered(self, connection_id: str, now: float) -> bool:
         return connection_id in self._registrations
 
-    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
         return []  # one process knows where its invokes went: nothing is recorded
 
-    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+    async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
         pass  # one process: the approval waits in its memory, by tool call id
 
-    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
         return None
 
     # the bus: one process, nobody to tell
@@ -877,7 +924,7 @@ class SqliteLedger:
     def owner(self) -> str:
         return self._leases.owner
 
-    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+    async def notify(self, process_id: str | None, kind: str, *args: str) -> None:
         if process_id is not None and process_id != self._leases.owner:
             raise RuntimeError(
                 f"a SQLite ledger has one process; it cannot notify process {process_id}"
@@ -900,7 +947,7 @@ class SqliteLedger:
         if row is not None and row[0] != held:
             raise self._leases.lose(execution_id, int(row[0]))
 
-    def take_over(self, now: float) -> list[Execution]:
+    async def take_over(self, now: float) -> list[Execution]:
         leases = self._leases
         with self._write() as db:
             rows = db.execute(
@@ -915,7 +962,7 @@ class SqliteLedger:
             leases.hold(execution.id, execution.generation)
         return taken
 
-    def renew(self, now: float) -> list[str]:
+    async def renew(self, now: float) -> list[str]:
         leases = self._leases
         lost: list[str] = []
         with self._write() as db:
@@ -935,7 +982,7 @@ class SqliteLedger:
 
     # executions
 
-    def start_execution(
+    async def start_execution(
         self, session: str, request_json: str, now: float, chat_id: str | None = None
     ) -> Execution:
         # chat_id: one process knows its streaming responses itself; not stored.
@@ -954,13 +1001,13 @@ class SqliteLedger:
         leases.hold(execution.id, execution.generation)
         return execution
 
-    def get_execution(self, execution_id: str) -> Execution | None:
+    async def get_execution(self, execution_id: str) -> Execution | None:
         row = self._db.execute(
             f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = ?", (execution_id,)
         ).fetchone()
         return None if row is None else _execution_from_row(row)
 
-    def executions(
+    async def executions(
         self,
         statuses: Collection[ExecutionStatus] | None = None,
         session: str | None = None,
@@ -983,7 +1030,7 @@ class SqliteLedger:
         ).fetchall()
         return [_execution_from_row(row) for row in rows]
 
-    def set_status(
+    async def set_status(
         self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
     ) -> None:
         with self._write() as db:
@@ -1022,7 +1069,7 @@ class SqliteLedger:
             (state, error_json, now, execution_id),
         )
 
-    def expire_paused(self, ttl: float, now: float) -> list[str]:
+    async def expire_paused(self, ttl: float, now: float) -> list[str]:
         cutoff = now - ttl
         with self._write() as db:
             rows = db.execute(
@@ -1042,7 +1089,7 @@ class SqliteLedger:
                 self._settle_pending(db, execution_id, "expired", now, ttl)
         return expired
 
-    def prune_finished(self, retention: float, now: float) -> int:
+    async def prune_finished(self, retention: float, now: float) -> int:
         if retention < 0:
             raise ValueError(f"retention must not be negative, not {retention}")
         finished = ", ".join(f"'{status}'" for status in sorted(FINISHED_STATUSES))
@@ -1056,7 +1103,7 @@ class SqliteLedger:
 
     # steps
 
-    def record_step(
+    async def record_step(
         self,
         execution_id: str,
         seq: int,
@@ -1099,24 +1146,24 @@ class SqliteLedger:
         ).fetchone()
         return None if row is None else _step_from_row(row)
 
-    def get_step(self, execution_id: str, seq: int) -> Step | None:
+    async def get_step(self, execution_id: str, seq: int) -> Step | None:
         return self._step_in(self._db, execution_id, seq)
 
-    def step_by_request_id(self, request_id: str) -> Step | None:
+    async def step_by_request_id(self, request_id: str) -> Step | None:
         row = self._db.execute(
             f"SELECT {_STEP_COLUMNS} FROM steps WHERE request_id = ? ORDER BY created_at LIMIT 1",
             (request_id,),
         ).fetchone()
         return None if row is None else _step_from_row(row)
 
-    def steps(self, execution_id: str) -> list[Step]:
+    async def steps(self, execution_id: str) -> list[Step]:
         rows = self._db.execute(
             f"SELECT {_STEP_COLUMNS} FROM steps WHERE execution_id = ? ORDER BY seq",
             (execution_id,),
         ).fetchall()
         return [_step_from_row(row) for row in rows]
 
-    def pending_steps(
+    async def pending_steps(
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]:
         columns = ", ".join(f"s.{column.strip()}" for column in _STEP_COLUMNS.split(","))
@@ -1135,10 +1182,10 @@ class SqliteLedger:
         ).fetchall()
         return [_step_from_row(row) for row in rows]
 
-    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
+    async def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
         return self._settle(execution_id, seq, "result", result_json, now)
 
-    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
+    async def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
         return self._settle(execution_id, seq, "error", error_json, now)
 
     def _settle(
@@ -1171,7 +1218,7 @@ class SqliteLedger:
         assert isinstance(prepared, Outcome)
         return dataclasses.replace(prepared, step=step)
 
-    def add_attempt(
+    async def add_attempt(
         self,
         execution_id: str,
         seq: int,
@@ -1192,7 +1239,7 @@ class SqliteLedger:
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(row[0])
 
-    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+    async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
         canonical = _canonicalize(spec_json)
         with self._write() as db:
