@@ -535,7 +535,9 @@ class Ledger(Protocol):
         """Is the connection registered on a live process?"""
         ...
 
-    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
         """(request id, connection, run's owner) of each pending call last invoked on one."""
         ...
 
@@ -543,7 +545,9 @@ class Ledger(Protocol):
         """Record the tool call id a pending approval step is answered by."""
         ...
 
-    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
         """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
         ...
 
@@ -610,7 +614,9 @@ class Ledger(Protocol):
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]: ...
 
-    async def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome: ...
+    async def resolve(
+        self, execution_id: str, seq: int, result_json: str, now: float
+    ) -> Outcome: ...
 
     async def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
 
@@ -909,13 +915,17 @@ class SqliteLedger:
     async def registered(self, connection_id: str, now: float) -> bool:
         return connection_id in self._registrations
 
-    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
         return []  # one process knows where its invokes went: nothing is recorded
 
     async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
         pass  # one process: the approval waits in its memory, by tool call id
 
-    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
         return None
 
     # the bus: one process, nobody to tell
