@@ -32,9 +32,11 @@ database without blocking the event loop). Example::
 
     async with SqliteLedger("ledger.sqlite3") as ledger:
         run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
-        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", time.time())
-        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', time.time())
-        assert outcome.ok and (await ledger.get_step(run.id, 0)).result() == {"lat": 52.5, "lon": 13.4}
+        now = time.time()
+        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now)
+        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', now)
+        stored = await ledger.get_step(run.id, 0)
+        assert outcome.ok and stored.result() == {"lat": 52.5, "lon": 13.4}
 """
 
 from __future__ import annotations

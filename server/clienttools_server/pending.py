@@ -10,7 +10,8 @@ each operation never raises, and only an ``applied`` answer changes the ledger.
     step = execution["pending"][0]
     answer = await pending.resolve(execution["executionId"], step["seq"], {"lat": 52.5})
     answer.outcome, answer.status                     # ("applied", 200)
-    (await pending.resolve(execution["executionId"], step["seq"], {"lat": 0})).outcome  # "duplicate"
+    again = await pending.resolve(execution["executionId"], step["seq"], {"lat": 0})
+    again.outcome                                     # "duplicate"
 
 An execution is ``paused`` while it waits for a ``client`` or ``approval``
 step (the ledger keeps such a run as running); ``running`` otherwise, until
