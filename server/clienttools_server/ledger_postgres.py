@@ -621,12 +621,12 @@ class PostgresLedger:
         connection = batch.connection
         if batch.open:
             batch.open = False
-            if connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-                # A statement was interrupted (its task cancelled): the transaction
-                # is aborted, and COMMIT would only roll it back.
+            if connection.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                # A statement was interrupted (its task cancelled) and aborted the
+                # transaction, or the connection is gone: COMMIT would only roll back.
                 await _rollback(connection)
                 if not raising:
-                    raise LedgerUnavailable("the batch was interrupted: nothing of it committed")
+                    raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
                 return
             try:
                 with self._unavailable_as_error():

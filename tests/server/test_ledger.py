@@ -788,6 +788,16 @@ async def test_postgres_batch_commits_once_at_its_end(postgres: PostgresServer) 
             await reader.close()
 
 
+async def _running(reader: psycopg.AsyncConnection[tuple[int]], statement: str) -> bool:
+    """Is the statement running at the database, on some connection?"""
+    cursor = await reader.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = %s",
+        (statement,),
+    )
+    row = await cursor.fetchone()
+    return row is not None and row[0] > 0
+
+
 async def _count(reader: psycopg.AsyncConnection[tuple[int]], table: str) -> int:
     """The committed rows of a table, as another connection sees them."""
     cursor = await reader.execute(f"SELECT count(*) FROM {table}")
@@ -1208,3 +1218,245 @@ async def test_an_approval_is_found_by_its_tool_call_id_in_its_session(
         assert await ledger.approval_step("other", "call-1") is None
         await ledger.resolve(execution.id, 0, '{"approved":true}', T0)
         assert await ledger.approval_step("s", "call-1") is None  # answered: pending no more
+
+
+# ----------------------------------------------------------- after_commit, batches and tasks
+
+
+async def test_after_commit_outside_a_batch_runs_at_once(ledger: Ledger) -> None:
+    ran: list[str] = []
+    ledger.after_commit(lambda: ran.append("now"))
+    assert ran == ["now"]
+
+
+async def test_after_commit_in_a_batch_runs_after_the_commit_in_order(ledger: Ledger) -> None:
+    execution = await ledger.start_execution("chat-1", "{}", now=T0)
+    ran: list[str] = []
+    async with ledger.batch():
+        await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+        ledger.after_commit(lambda: ran.append("first"))
+        await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+        ledger.after_commit(lambda: ran.append("second"))
+        assert ran == []
+    assert ran == ["first", "second"]
+    # The batch is over: the next action runs at once again.
+    ledger.after_commit(lambda: ran.append("third"))
+    assert ran == ["first", "second", "third"]
+
+
+async def test_after_commit_in_nested_batches_waits_for_the_outermost(ledger: Ledger) -> None:
+    execution = await ledger.start_execution("chat-1", "{}", now=T0)
+    ran: list[str] = []
+    async with ledger.batch():
+        ledger.after_commit(lambda: ran.append("outer"))
+        async with ledger.batch():
+            await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+            ledger.after_commit(lambda: ran.append("inner"))
+        assert ran == []  # the inner batch ended, but nothing is committed yet
+        ledger.after_commit(lambda: ran.append("after inner"))
+    assert ran == ["outer", "inner", "after inner"]
+
+
+async def test_after_commit_runs_when_a_refusal_leaves_the_writes_before_it(
+    ledger: Ledger,
+) -> None:
+    execution = await ledger.start_execution("chat-1", "{}", now=T0)
+    await ledger.record_step(execution.id, 1, "tool", "a", "{}", "client", T0)
+    ran: list[str] = []
+    with pytest.raises(Divergence):
+        async with ledger.batch():
+            await ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, None, "1")
+            ledger.after_commit(lambda: ran.append("model step"))
+            await ledger.record_step(execution.id, 1, "tool", "b", "{}", "client", T0)
+            ledger.after_commit(lambda: ran.append("never registered"))
+    # The model step was committed, so what announces it goes.
+    assert ran == ["model step"]
+    assert [s.seq for s in await ledger.steps(execution.id)] == [0, 1]
+
+
+_FAILING_SETTLE_SQLITE = (
+    "CREATE TRIGGER no_settling BEFORE UPDATE OF state ON steps "
+    "BEGIN SELECT RAISE(ABORT, 'no settling today'); END"
+)
+_FAILING_SETTLE_POSTGRES = (
+    "CREATE FUNCTION no_settling() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN RAISE EXCEPTION 'no settling today'; END $$",
+    "CREATE TRIGGER no_settling BEFORE UPDATE OF state ON steps "
+    "FOR EACH ROW EXECUTE FUNCTION no_settling()",
+)
+
+
+async def test_after_commit_is_dropped_when_a_database_error_rolls_the_batch_back(
+    open_durable_ledger: tuple[str, str],
+) -> None:
+    store, where = open_durable_ledger
+    async with _opened(store, where) as ledger:
+        execution_id, seq = await _tool_step(ledger)
+        # The database refuses to settle steps: finishing the run fails halfway
+        # through its writes, which takes the whole batch back.
+        if store == "sqlite":
+            with contextlib.closing(sqlite3.connect(where)) as raw:
+                raw.execute(_FAILING_SETTLE_SQLITE)
+        else:
+            with psycopg.connect(where, autocommit=True) as pg:
+                for statement in _FAILING_SETTLE_POSTGRES:
+                    pg.execute(statement)
+        ran: list[str] = []
+        with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="no settling today"):
+            async with ledger.batch():
+                await ledger.record_step(execution_id, 1, "tool", "t", "{}", "client", T0)
+                ledger.after_commit(lambda: ran.append("step 1"))
+                await ledger.set_status(execution_id, "completed", T0 + 1)
+        assert ran == []
+        assert [s.seq for s in await ledger.steps(execution_id)] == [seq]
+        execution = await ledger.get_execution(execution_id)
+        assert execution is not None and execution.status == "running"
+
+
+async def test_after_commit_sees_the_batch_committed(open_durable_ledger: tuple[str, str]) -> None:
+    store, where = open_durable_ledger
+
+    def committed_steps() -> int:
+        """Counted on a connection of its own: what is committed, not the batch's view."""
+        if store == "sqlite":
+            with contextlib.closing(sqlite3.connect(where)) as raw:
+                row = raw.execute("SELECT count(*) FROM steps").fetchone()
+        else:
+            with psycopg.connect(where) as pg:
+                row = pg.execute("SELECT count(*) FROM steps").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with _opened(store, where) as ledger:
+        execution = await ledger.start_execution("chat-1", "{}", now=T0)
+        seen: list[int] = []
+        async with ledger.batch():
+            await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+            await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+            ledger.after_commit(lambda: seen.append(committed_steps()))
+            assert committed_steps() == 0
+        assert seen == [2]
+
+
+async def test_two_tasks_hold_a_postgres_batch_each_apart(postgres: PostgresServer) -> None:
+    async with await PostgresLedger.connect(postgres.fresh_url()) as ledger:
+        mine = await ledger.start_execution("chat-1", "{}", now=T0)
+        theirs = await ledger.start_execution("chat-2", "{}", now=T0)
+        written = {mine.id: asyncio.Event(), theirs.id: asyncio.Event()}
+        read = {mine.id: asyncio.Event(), theirs.id: asyncio.Event()}
+        ran: list[str] = []
+
+        async def in_a_batch(own: str, other: str) -> tuple[bool, bool]:
+            async with ledger.batch():
+                await ledger.record_step(own, 0, "tool", "t", "{}", "client", T0)
+                ledger.after_commit(lambda: ran.append(own))
+                written[own].set()
+                await written[other].wait()  # both batches are open now, both have written
+                sees_own = await ledger.get_step(own, 0) is not None
+                sees_other = await ledger.get_step(other, 0) is not None
+                read[own].set()
+                await read[other].wait()  # neither commits before both have read
+                assert ran == []
+            return sees_own, sees_other
+
+        both = await asyncio.wait_for(
+            asyncio.gather(in_a_batch(mine.id, theirs.id), in_a_batch(theirs.id, mine.id)),
+            timeout=30,
+        )
+        # Each saw its own uncommitted write and not the other's.
+        assert list(both) == [(True, False), (True, False)]
+        assert sorted(ran) == sorted([mine.id, theirs.id])
+        assert await ledger.get_step(mine.id, 0) is not None
+        assert await ledger.get_step(theirs.id, 0) is not None
+
+
+async def test_another_tasks_calls_are_not_part_of_a_postgres_batch(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            batched = await ledger.start_execution("chat-1", "{}", now=T0)
+            alone = await ledger.start_execution("chat-2", "{}", now=T0)
+            ran: list[str] = []
+
+            async def another_task() -> bool:
+                # Spawned inside the batch (its context holds the batch), yet not in it.
+                sees_the_batch = await ledger.get_step(batched.id, 0) is not None
+                await ledger.record_step(alone.id, 0, "tool", "t", "{}", "client", T0)
+                ledger.after_commit(lambda: ran.append("alone"))
+                return sees_the_batch
+
+            async with ledger.batch():
+                await ledger.record_step(batched.id, 0, "tool", "t", "{}", "client", T0)
+                ledger.after_commit(lambda: ran.append("batched"))
+                spawned = asyncio.create_task(another_task())
+                assert await spawned is False
+                # The other task's write is committed already, the batch's is not.
+                assert ran == ["alone"]
+                assert await _count(reader, "steps") == 1
+            assert ran == ["alone", "batched"]
+            assert await _count(reader, "steps") == 2
+        finally:
+            await reader.close()
+
+
+async def test_a_task_spawned_in_a_postgres_batch_does_not_use_it_once_ended(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            execution = await ledger.start_execution("chat-1", "{}", now=T0)
+            ended = asyncio.Event()
+
+            async def later() -> None:
+                await ended.wait()
+                await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+
+            async with ledger.batch():
+                await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+                spawned = asyncio.create_task(later())
+            ended.set()
+            await asyncio.wait_for(spawned, timeout=30)
+            # Its write was committed on a connection of its own, not left in a
+            # transaction on the batch's connection, back in the pool.
+            assert await _count(reader, "steps") == 2
+        finally:
+            await reader.close()
+
+
+async def test_a_postgres_batch_cancelled_mid_statement_commits_nothing(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            execution = await ledger.start_execution("chat-1", "{}", now=T0)
+            ran: list[str] = []
+
+            async def slow_batch() -> None:
+                async with ledger.batch():
+                    await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+                    ledger.after_commit(lambda: ran.append("step 0"))
+                    await ledger.statement("SELECT pg_sleep(60)", ())
+
+            task = asyncio.create_task(slow_batch())
+            async with asyncio.timeout(30):
+                while not await _running(reader, "SELECT pg_sleep(60)"):
+                    await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=30)
+            # The interrupted statement aborted the transaction: nothing of it stays,
+            # and nothing announces it.
+            assert ran == []
+            assert await _count(reader, "steps") == 0
+            # The ledger goes on.
+            await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+            assert await _count(reader, "steps") == 1
+        finally:
+            await reader.close()
