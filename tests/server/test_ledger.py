@@ -1460,3 +1460,28 @@ async def test_a_postgres_batch_cancelled_mid_statement_commits_nothing(
             assert await _count(reader, "steps") == 1
         finally:
             await reader.close()
+
+
+async def test_a_postgres_batch_idle_past_the_lease_lets_its_run_go(
+    postgres: PostgresServer,
+) -> None:
+    """A process stopped inside a batch must not keep its run locked from the next owner."""
+    url = postgres.fresh_url()
+    lease = 1.0
+    async with (
+        await PostgresLedger.connect(url, lease=lease) as stalled,
+        await PostgresLedger.connect(url, lease=lease) as other,
+    ):
+        execution = await stalled.start_execution("chat-1", "{}", now=T0)
+        with pytest.raises(LedgerUnavailable):
+            async with stalled.batch():
+                # The fence locks the run's row until the batch ends.
+                await stalled.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+                assert await other.take_over(T0 + 2 * lease) == []  # locked: skipped
+                # Stalled past its lease inside the batch: the server ends the session.
+                async with asyncio.timeout(30):
+                    while not (taken := await other.take_over(T0 + 2 * lease)):
+                        await asyncio.sleep(0.05)
+                assert [e.id for e in taken] == [execution.id]
+        # Nothing of the batch was committed.
+        assert await other.steps(execution.id) == []
