@@ -129,7 +129,7 @@ def _answerable(steps: Iterable[Step]) -> list[Step]:
 class PendingCalls:
     """The executions of one server and their pending steps, settled from outside.
 
-    Every method is synchronous and never raises on what a caller sends (an
+    Every method is a coroutine and never raises on what a caller sends (an
     unknown id, a settled step, an output that breaks the tool's
     outputSchema): it answers. ``resolve`` settles a ``client`` step with an
     output, checked by the same function as a page's result (size, the
