@@ -37,7 +37,8 @@ PostgreSQL, is the limit, and more connections only add PostgreSQL backends.
 Eight leaves room for what that load does not have: round trips over a
 network, during which a connection is held, and batches waiting on another
 process's row lock, which would otherwise hold up this process's other tasks;
-yet a dozen processes fit PostgreSQL's default 100 connections. Past it calls
+yet ten processes fit PostgreSQL's default 100 connections (8 pooled and 1
+listening each). Past it calls
 queue, which is what makes a slow database fail them within ``timeout``
 instead of piling up at the database. A connection idle inside a
 transaction for longer than the lease is closed by the server
