@@ -361,7 +361,6 @@ class _Batch:
     ledger: PostgresLedger
     task: asyncio.Task[Any] | None  # the task that opened it: the only one that uses it
     connection: psycopg.AsyncConnection[Any]
-    depth: int = 1
     open: bool = False  # a transaction is open on the connection
     rolled_back: bool = False  # a database error rolled back what it had written
     # It ended: a task spawned inside it (its context holds the batch) must not use it.
@@ -605,13 +604,8 @@ class PostgresLedger:
         :meth:`after_commit`. Nestable.
         """
         self._check_open()
-        batch = self._batch
-        if batch is not None:
-            batch.depth += 1
-            try:
-                yield
-            finally:
-                batch.depth -= 1
+        if self._batch is not None:
+            yield  # nested: the outermost batch commits
             return
         with self._unavailable_as_error():
             async with self._pooled() as connection:
