@@ -34,13 +34,16 @@ On this 2-core machine with a Unix socket, 100 tasks at once make 200 chats'
 ledger calls a second on 1 connection and ~240 on 2 to 16 (``python -m
 bench.ledgers --pool-sizes``): the CPU, ~3 ms a chat here and ~2 in
 PostgreSQL, is the limit, and more connections only add PostgreSQL backends.
-Eight leaves room for what that load does not have: round trips over a
-network, during which a connection is held, and batches waiting on another
-process's row lock, which would otherwise hold up this process's other tasks;
-yet ten processes fit PostgreSQL's default 100 connections (8 pooled and 1
-listening each). Past it calls
-queue, which is what makes a slow database fail them within ``timeout``
-instead of piling up at the database. A connection idle inside a
+In the server (``bench.ledgers``' 100 pages x 10 chats, 3 runs) 4
+connections took 1.6 times the wall time per call of 8, and 16 did no better
+than 8: the server's calls do queue for 8 (nearly every one waits for a
+connection) but gain nothing from more on 2 cores. Eight also leaves room
+for what these loads do not have: round trips over a network, during which a
+connection is held, and batches waiting on another process's row lock, which
+would otherwise hold up this process's other tasks; yet ten processes fit
+PostgreSQL's default 100 connections (8 pooled and 1 listening each). Past
+it calls queue, which is what makes a slow database fail them within
+``timeout`` instead of piling up at the database. A connection idle inside a
 transaction for longer than the lease is closed by the server
 (``idle_in_transaction_session_timeout``): a process stopped in the middle
 of a batch (SIGSTOP) must not keep its runs' rows locked, and so out of
