@@ -19,14 +19,13 @@ import json
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
-    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -39,6 +38,9 @@ from clienttools.rules import (  # shared with the MicroPython flavour, which ha
     PROTOCOL_VERSION,
     TOOL_NAME_PATTERN,
 )
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -338,8 +340,22 @@ SERVER_FRAME_TYPES = frozenset(
     )
 )
 
-_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame, config=_DEFERRED)
-_server_frame: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame, config=_DEFERRED)
+_FRAME_UNIONS: dict[str, Any] = {"client": ClientFrame, "server": ServerFrame}
+_frame_adapters: "dict[str, TypeAdapter[Any]]" = {}
+
+
+def _frame_adapter(side: str) -> "TypeAdapter[Any]":
+    """The (deferred) adapter of one side's frame union, made on the first frame parsed.
+
+    Not at import: `pydantic.TypeAdapter` is a module of its own that pydantic imports on
+    first use, and a page has sent its tools frame before it parses any frame.
+    """
+    adapter = _frame_adapters.get(side)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _frame_adapters[side] = TypeAdapter(_FRAME_UNIONS[side], config=_DEFERRED)
+    return adapter
 
 
 class FrameError(ValueError):
@@ -359,9 +375,7 @@ class FrameError(ValueError):
         self.frame_type = frame_type
 
 
-def _parse(
-    text: str | bytes, adapter: TypeAdapter[Any], known_types: frozenset[str], max_bytes: int
-) -> Any:
+def _parse(text: str | bytes, side: str, known_types: frozenset[str], max_bytes: int) -> Any:
     if not isinstance(text, str):
         raise FrameError("binary frames are not part of the protocol; send JSON text")
     # A code point is at most 4 bytes of UTF-8: a short frame needs no encoding to size it.
@@ -389,7 +403,7 @@ def _parse(
             f"unknown frame type {frame_type[:64]!r}", request_id=request_id, frame_type=frame_type
         )
     try:
-        return adapter.validate_python(raw, by_alias=True)
+        return _frame_adapter(side).validate_python(raw, by_alias=True)
     except ValidationError as exc:
         raise FrameError(
             f"invalid {frame_type!r} frame: {describe_validation_error(exc, skip=1)}",
@@ -439,13 +453,13 @@ def describe_validation_error(exc: ValidationError, limit: int = 3, skip: int = 
 
 def parse_client_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ClientFrame:
     """Parse a frame the client sent. Raises FrameError with a readable message."""
-    frame: ClientFrame = _parse(text, _client_frame, CLIENT_FRAME_TYPES, max_bytes)
+    frame: ClientFrame = _parse(text, "client", CLIENT_FRAME_TYPES, max_bytes)
     return frame
 
 
 def parse_server_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ServerFrame:
     """Parse a frame the server sent. Raises FrameError with a readable message."""
-    frame: ServerFrame = _parse(text, _server_frame, SERVER_FRAME_TYPES, max_bytes)
+    frame: ServerFrame = _parse(text, "server", SERVER_FRAME_TYPES, max_bytes)
     return frame
 
 
