@@ -14,7 +14,7 @@ without any of them (bench/README.md, cold start).
 # every field's annotation string when the model class is made, which was a fifth of
 # the SDK's import in a page (bench/README.md). The forward reference below is quoted.
 
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -281,3 +281,10 @@ ServerFrame: TypeAlias = Annotated[
     Field(discriminator="type"),
 ]
 ChatServerFrame: TypeAlias = StartFrame | ChunkFrame | EndFrame | ErrorFrame | NoActiveFrame
+
+#: Each frame model by its `type`, of both sides (no type is on both).
+MODELS_BY_TYPE: dict[str, type[WireModel]] = {
+    model.model_fields["type"].default: model
+    for union in (ClientFrame, ServerFrame)
+    for model in get_args(get_args(union)[0])
+}

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from pydantic import ConfigDict, JsonValue, ValidationError
+from pydantic import JsonValue, ValidationError
 
 from clienttools.rules import (  # shared with the MicroPython flavour, which has no pydantic
     MAX_FRAME_BYTES,
@@ -38,8 +38,6 @@ from clienttools.rules import (  # shared with the MicroPython flavour, which ha
 )
 
 if TYPE_CHECKING:
-    from pydantic import TypeAdapter
-
     from clienttools.frames import (
         AbortFrame,
         CancelFrame,
@@ -207,25 +205,22 @@ def wire_name(field: str) -> str:
     return head + "".join(word.capitalize() for word in rest)
 
 
-_DEFERRED = ConfigDict(defer_build=True)
-_frame_adapters: dict[str, TypeAdapter[Any]] = {}
+#: Each frame type's validator, by `type`: made with its model on the first frame of that
+#: type. A frame is validated by its own model, the one its `type` names, which is what the
+#: `ClientFrame` and `ServerFrame` unions do (a test holds the two equal, results and
+#: errors), without building all of a side's models for the first frame of the side.
+_validators: dict[str, Callable[..., Any]] = {}
 
 
-def _frame_adapter(side: str) -> TypeAdapter[Any]:
-    """The (deferred) adapter of one side's frame union, made on the first frame parsed.
-
-    Not at import: `pydantic.TypeAdapter` is a module of its own that pydantic imports on
-    first use, and a page has sent its tools frame before it parses any frame.
-    """
-    adapter = _frame_adapters.get(side)
-    if adapter is None:
-        from pydantic import TypeAdapter
-
+def _validator(frame_type: str) -> Callable[..., Any]:
+    validate = _validators.get(frame_type)
+    if validate is None:
         from clienttools import frames
 
-        unions: dict[str, Any] = {"client": frames.ClientFrame, "server": frames.ServerFrame}
-        adapter = _frame_adapters[side] = TypeAdapter(unions[side], config=_DEFERRED)
-    return adapter
+        model = frames.MODELS_BY_TYPE[frame_type]
+        model.model_rebuild()
+        validate = _validators[frame_type] = model.__pydantic_validator__.validate_python
+    return validate
 
 
 class FrameError(ValueError):
@@ -245,7 +240,7 @@ class FrameError(ValueError):
         self.frame_type = frame_type
 
 
-def _parse(text: str | bytes, side: str, known_types: frozenset[str], max_bytes: int) -> Any:
+def _parse(text: str | bytes, known_types: frozenset[str], max_bytes: int) -> Any:
     if not isinstance(text, str):
         raise FrameError("binary frames are not part of the protocol; send JSON text")
     # A code point is at most 4 bytes of UTF-8: a short frame needs no encoding to size it.
@@ -273,10 +268,10 @@ def _parse(text: str | bytes, side: str, known_types: frozenset[str], max_bytes:
             f"unknown frame type {frame_type[:64]!r}", request_id=request_id, frame_type=frame_type
         )
     try:
-        return _frame_adapter(side).validate_python(raw, by_alias=True)
+        return _validator(frame_type)(raw, by_alias=True)
     except ValidationError as exc:
         raise FrameError(
-            f"invalid {frame_type!r} frame: {describe_validation_error(exc, skip=1)}",
+            f"invalid {frame_type!r} frame: {describe_validation_error(exc)}",
             request_id=request_id,
             frame_type=frame_type,
         ) from None
@@ -323,13 +318,13 @@ def describe_validation_error(exc: ValidationError, limit: int = 3, skip: int = 
 
 def parse_client_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ClientFrame:
     """Parse a frame the client sent. Raises FrameError with a readable message."""
-    frame: ClientFrame = _parse(text, "client", CLIENT_FRAME_TYPES, max_bytes)
+    frame: ClientFrame = _parse(text, CLIENT_FRAME_TYPES, max_bytes)
     return frame
 
 
 def parse_server_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ServerFrame:
     """Parse a frame the server sent. Raises FrameError with a readable message."""
-    frame: ServerFrame = _parse(text, "server", SERVER_FRAME_TYPES, max_bytes)
+    frame: ServerFrame = _parse(text, SERVER_FRAME_TYPES, max_bytes)
     return frame
 
 
