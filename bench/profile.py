@@ -15,7 +15,9 @@ JS<->Python proxies show up. `start` loads Pyodide alone in a fresh context
 (`pages/pyodide_only.html`), then, timed from the driver: the packages, the
 import (each module's own and total time), the tool's registration and the
 tools frame, for clienttools and for pydantic + one model (the cold-start
-baseline) in turn; medians over `-n` loads of each. `roundtrip` loads the
+baseline) in turn; medians over `-n` loads of each. Per load also: `sdk`, the
+three summed; `gc`, the garbage collector's time inside them; and apart, `ack`,
+the first frame received after the tools frame (outside the SDK's share). `roundtrip` loads the
 clienttools, bare-Pyodide and raw-JS pages once, then runs `--rounds` rounds
 of figures 1 and 2 on each, in rotating order, with the ratios to the bare page
 taken within each round: the quick way to see what one change to the hot path
