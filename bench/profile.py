@@ -15,7 +15,9 @@ JS<->Python proxies show up. `start` loads Pyodide alone in a fresh context
 (`pages/pyodide_only.html`), then, timed from the driver: the packages, the
 import (each module's own and total time), the tool's registration and the
 tools frame, for clienttools and for pydantic + one model (the cold-start
-baseline) in turn; medians over `-n` loads of each. `roundtrip` loads the
+baseline) in turn; medians over `-n` loads of each. Per load also: `sdk`, the
+three summed; `gc`, the garbage collector's time inside them; and apart, `ack`,
+the first frame received after the tools frame (outside the SDK's share). `roundtrip` loads the
 clienttools, bare-Pyodide and raw-JS pages once, then runs `--rounds` rounds
 of figures 1 and 2 on each, in rotating order, with the ratios to the bare page
 taken within each round: the quick way to see what one change to the hot path
@@ -164,9 +166,21 @@ def _timed_find_and_load(name, import_):
         _import_stack[-1] += total
         _import_times[name] = (total * 1e3, (total - inner) * 1e3)
 _bootstrap._find_and_load = _timed_find_and_load
+# Time spent in the garbage collector, which runs where allocations happen to trigger
+# it: a pass over pydantic's heap is ~10 ms, so which phase it lands in moves figures.
+import gc as _gc
+_gc_ms = [0.0, 0.0]
+def _gc_timer(phase, info):
+    if phase == "start":
+        _gc_ms[1] = _time.perf_counter()
+    else:
+        _gc_ms[0] += (_time.perf_counter() - _gc_ms[1]) * 1e3
+_gc.callbacks.append(_gc_timer)
 """
 # What both start-up profiles time: import the SDK (t0 -> t1), register one tool (-> t2),
-# make the tools frame (-> t3); then stop timing imports.
+# make the tools frame (-> t3). Apart, not in the SDK's share
+# (it comes after the tools frame): the first frame received, the server's ack (-> t4),
+# which makes the frame models and their validator; then stop timing imports.
 _SDK_START = """import clienttools
 t1 = _time.perf_counter()
 client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
@@ -179,15 +193,20 @@ import clienttools.browser
 client.session.connection_opened(0.0)
 frame = client.session.frames_to_send()[0]
 t3 = _time.perf_counter()
+gc3 = _gc_ms[0]
+client.session.receive_frame('{"type":"cf_agent_client_tools_ack","accepted":["add"]}', 0.0)
+t4 = _time.perf_counter()
 _bootstrap._find_and_load = _find_and_load
+_gc.callbacks.remove(_gc_timer)
 """
 START_CODE = {
     "clienttools": """
+_gc_ms[0] = 0.0
 t0 = _time.perf_counter()
 """
     + _SDK_START
     + """{"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
- "modules": _import_times}
+ "ack": (t4 - t3) * 1e3, "gc": gc3, "modules": _import_times}
 """,
     "pydantic": """
 t0 = _time.perf_counter()
@@ -198,7 +217,9 @@ class Add(pydantic.BaseModel):
 Add(a=1, b=2)
 t1 = _time.perf_counter()
 _bootstrap._find_and_load = _find_and_load
-{"import": (t1 - t0) * 1e3, "register": 0.0, "frame": 0.0, "modules": _import_times}
+_gc.callbacks.remove(_gc_timer)
+{"import": (t1 - t0) * 1e3, "register": 0.0, "frame": 0.0, "ack": 0.0, "gc": _gc_ms[0],
+ "modules": _import_times}
 """,
 }
 # The SDK's share alone: what clienttools adds once pydantic and one model are there (as
@@ -212,6 +233,7 @@ class Add(pydantic.BaseModel):
 Add(a=1, b=2)
 import cProfile, io, pstats
 _profile = cProfile.Profile()
+_gc_ms[0] = 0.0
 t0 = _time.perf_counter()
 if _PROFILE:
     _profile.enable()
@@ -224,7 +246,8 @@ if _PROFILE:
     _stats.sort_stats("tottime").print_stats(45)
     _stats.sort_stats("cumulative").print_stats(60)
 {"import": (t1 - t0) * 1e3, "register": (t2 - t1) * 1e3, "frame": (t3 - t2) * 1e3,
- "modules": _import_times, "profile": _out.getvalue()}
+ "ack": (t4 - t3) * 1e3, "gc": gc3, "modules": _import_times,
+ "profile": _out.getvalue()}
 """
 )
 LOAD_AND_RUN = """async ([packages, timer, code]) => {
@@ -287,8 +310,10 @@ def _start(
     out = sys.stdout
     for name, results in runs.items():
         out.write(f"\n--- {name}: median of {len(results)} cold loads (ms) ---\n")
-        for part in ("packages", "import", "register", "frame"):
-            values = [r[part] for r in results]
+        for r in results:
+            r["sdk"] = r["import"] + r["register"] + r["frame"]
+        for part in ("packages", "import", "register", "frame", "sdk", "gc", "ack"):
+            values = [r.get(part, 0.0) for r in results]
             median = statistics.median(values)
             out.write(f"{part:>9}: {median:7.1f}  [{min(values):.1f}..{max(values):.1f}]\n")
         totals: dict[str, list[float]] = collections.defaultdict(list)

@@ -1,35 +1,32 @@
-"""Every wire frame of protocol v1 as a pydantic model; parsing and dumping, no I/O.
+"""Protocol v1 on the wire: every frame's model, parsing and dumping, no I/O.
 
 Both the browser client and the reference server import this module, so the two
 sides cannot drift apart. Field names are snake_case in Python and camelCase on
 the wire.
 
+    >>> from clienttools.protocol import PingFrame, PongFrame, dump_frame, parse_server_frame
     >>> frame = parse_server_frame('{"type": "cf_agent_ping", "t": 1}')
     >>> isinstance(frame, PingFrame), frame.t
     (True, 1.0)
     >>> dump_frame(PongFrame(t=frame.t))
     '{"type":"cf_agent_pong","t":1.0}'
+
+The frame models (`InvokeFrame`, `ToolSpec`, ...) are defined in `clienttools.frames`
+and are this module's attributes too: that module is imported the first time one of
+them is used (or a frame is parsed), not with this one. Making the 22 model classes
+was two fifths of the SDK's import in a page, and a page sends its first frame, the
+tools frame, without any of them (bench/README.md, cold start).
 """
 
-# No `from __future__ import annotations` here: with it, pydantic compiles and evaluates
-# every field's annotation string when the model class is made, which was a fifth of
-# the SDK's import in a page (bench/README.md). The forward reference below is quoted.
+from __future__ import annotations
 
 import json
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    JsonValue,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from pydantic import JsonValue, ValidationError
 
 from clienttools.rules import (  # shared with the MicroPython flavour, which has no pydantic
     MAX_FRAME_BYTES,
@@ -40,6 +37,36 @@ from clienttools.rules import (  # shared with the MicroPython flavour, which ha
     TOOL_NAME_PATTERN,
 )
 
+if TYPE_CHECKING:
+    from clienttools.frames import (
+        AbortFrame,
+        CancelFrame,
+        ChatServerFrame,
+        ChunkFrame,
+        ClientFrame,
+        ClientToolsFrame,
+        EndFrame,
+        ErrorFrame,
+        InvokeFrame,
+        NoActiveFrame,
+        PingFrame,
+        PongFrame,
+        ProtocolErrorFrame,
+        RejectedTool,
+        ResultAckFrame,
+        ResumeFrame,
+        SendFrame,
+        ServerFrame,
+        StartFrame,
+        ToolApprovalFrame,
+        ToolErrorInfo,
+        ToolProgressFrame,
+        ToolResultFrame,
+        ToolsAckFrame,
+        ToolSpec,
+        WireModel,
+    )
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_RESULT_BYTES",
@@ -47,6 +74,32 @@ __all__ = [
     "MAX_TOOL_SPEC_BYTES",
     "PROTOCOL_VERSION",
     "TOOL_NAME_PATTERN",
+    "AbortFrame",
+    "CancelFrame",
+    "ChatServerFrame",
+    "ChunkFrame",
+    "ClientFrame",
+    "ClientToolsFrame",
+    "EndFrame",
+    "ErrorFrame",
+    "InvokeFrame",
+    "NoActiveFrame",
+    "PingFrame",
+    "PongFrame",
+    "ProtocolErrorFrame",
+    "RejectedTool",
+    "ResultAckFrame",
+    "ResumeFrame",
+    "SendFrame",
+    "ServerFrame",
+    "StartFrame",
+    "ToolApprovalFrame",
+    "ToolErrorInfo",
+    "ToolProgressFrame",
+    "ToolResultFrame",
+    "ToolSpec",
+    "ToolsAckFrame",
+    "WireModel",
 ]
 
 # The Literals spell rules.ERROR_CODES, CANCEL_REASONS and ACK_OUTCOMES for pydantic and mypy
@@ -68,8 +121,77 @@ CancelReason: TypeAlias = Literal["timeout", "aborted", "superseded", "shutdown"
 AckOutcome: TypeAlias = Literal["applied", "duplicate", "stale", "invalid"]
 ChatTrigger: TypeAlias = Literal["submit-message", "regenerate-message"]
 
+#: The `type` of each frame of `ClientFrame` and of `ServerFrame` (a test checks them
+#: against the models): a frame of another type is refused before any model is made.
+CLIENT_FRAME_TYPES = frozenset(
+    {
+        "cf_agent_client_tools",
+        "cf_agent_client_tool_result",
+        "cf_agent_client_tool_progress",
+        "cf_agent_tool_approval",
+        "cf_agent_pong",
+        "send",
+        "resume",
+        "abort",
+    }
+)
+SERVER_FRAME_TYPES = frozenset(
+    {
+        "cf_agent_client_tools_ack",
+        "cf_agent_client_tool_invoke",
+        "cf_agent_client_tool_cancel",
+        "cf_agent_client_tool_result_ack",
+        "cf_agent_ping",
+        "cf_agent_protocol_error",
+        "start",
+        "chunk",
+        "end",
+        "error",
+        "no-active",
+    }
+)
 
-_DEFERRED = ConfigDict(defer_build=True)
+#: What `clienttools.frames` defines, handed out here by `__getattr__`.
+_FRAME_NAMES = frozenset(
+    {
+        "AbortFrame",
+        "CancelFrame",
+        "ChatServerFrame",
+        "ChunkFrame",
+        "ClientFrame",
+        "ClientToolsFrame",
+        "EndFrame",
+        "ErrorFrame",
+        "InvokeFrame",
+        "NoActiveFrame",
+        "PingFrame",
+        "PongFrame",
+        "ProtocolErrorFrame",
+        "RejectedTool",
+        "ResultAckFrame",
+        "ResumeFrame",
+        "SendFrame",
+        "ServerFrame",
+        "StartFrame",
+        "ToolApprovalFrame",
+        "ToolErrorInfo",
+        "ToolProgressFrame",
+        "ToolResultFrame",
+        "ToolSpec",
+        "ToolsAckFrame",
+        "WireModel",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """A frame model, from `clienttools.frames` (imported on the first one asked for)."""
+    if name not in _FRAME_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from clienttools import frames
+
+    globals().update({frame_name: getattr(frames, frame_name) for frame_name in _FRAME_NAMES})
+    return getattr(frames, name)
 
 
 def wire_name(field: str) -> str:
@@ -77,269 +199,28 @@ def wire_name(field: str) -> str:
 
     What pydantic's `to_camel` gives for these lower-case snake names (a test checks
     every field), without its regular expressions: it runs for each field of each
-    model as the module is imported, and that is start-up time in a page.
+    model as the models are made, and that is start-up time in a page.
     """
     head, *rest = field.split("_")
     return head + "".join(word.capitalize() for word in rest)
 
 
-class WireModel(BaseModel):
-    """Base of every wire model: camelCase aliases, strict types, unknown fields ignored.
-
-    Unknown fields are ignored rather than refused so that a newer peer can add
-    fields without breaking an older one.
-    """
-
-    model_config = ConfigDict(
-        alias_generator=wire_name,
-        populate_by_name=True,
-        strict=True,
-        frozen=True,
-        extra="ignore",
-        # Each model builds its validator on first use, not at import: a page pays
-        # only for the frames it meets (most of the SDK's import time otherwise;
-        # cold start in bench/README.md). The frame adapters are deferred too.
-        defer_build=True,
-    )
-
-
-RequestId = Annotated[str, Field(min_length=1, max_length=256)]
-
-
-class ToolSpec(WireModel):
-    """What a client says about one of its tools."""
-
-    name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
-    description: str = ""
-    input_schema: dict[str, JsonValue]
-    output_schema: dict[str, JsonValue] | None = None
-    needs_approval: bool | None = None
-    timeout_ms: Annotated[int, Field(ge=1)] | None = None
-
-
-class ToolErrorInfo(WireModel):
-    """A structured tool error as it travels on the wire."""
-
-    code: ErrorCode
-    message: str
-    data: JsonValue = None
-
-
-class RejectedTool(WireModel):
-    name: str
-    reason: str
-
-
-# --- client to server: tool frames -------------------------------------------------
-
-
-class ClientToolsFrame(WireModel):
-    type: Literal["cf_agent_client_tools"] = "cf_agent_client_tools"
-    protocol: Literal[1] = 1
-    client_id: Annotated[str, Field(min_length=1, max_length=256)]
-    tools: list[ToolSpec]
-
-
-class ToolResultFrame(WireModel):
-    """The answer to one invoke: exactly one of `output` (any JSON, null included) or `error`."""
-
-    type: Literal["cf_agent_client_tool_result"] = "cf_agent_client_tool_result"
-    request_id: RequestId
-    output: JsonValue = None
-    error: ToolErrorInfo | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one_of_output_or_error(self) -> "ToolResultFrame":
-        has_output = "output" in self.model_fields_set
-        has_error = self.error is not None
-        if has_output == has_error:
-            raise ValueError("a result carries exactly one of 'output' or 'error'")
-        return self
-
-
-class ToolProgressFrame(WireModel):
-    type: Literal["cf_agent_client_tool_progress"] = "cf_agent_client_tool_progress"
-    request_id: RequestId
-    progress: float
-    total: float | None = None
-    message: str | None = None
-
-
-class ToolApprovalFrame(WireModel):
-    type: Literal["cf_agent_tool_approval"] = "cf_agent_tool_approval"
-    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)]
-    approved: bool
-    reason: str | None = None
-
-
-class PongFrame(WireModel):
-    type: Literal["cf_agent_pong"] = "cf_agent_pong"
-    t: float
-
-
-# --- client to server: chat frames (AI SDK v7 WebSocketChatTransport) --------------
-
-
-class SendFrame(WireModel):
-    type: Literal["send"] = "send"
-    request_id: RequestId
-    id: str
-    trigger: ChatTrigger = "submit-message"
-    message_id: str | None = None
-    messages: list[dict[str, JsonValue]]
-    headers: dict[str, str] = Field(default_factory=dict)
-    body: dict[str, JsonValue] = Field(default_factory=dict)
-    metadata: JsonValue = None
-
-
-class ResumeFrame(WireModel):
-    type: Literal["resume"] = "resume"
-    request_id: RequestId
-    id: str
-    last_sequence: Annotated[int, Field(ge=0)] | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    body: dict[str, JsonValue] = Field(default_factory=dict)
-    metadata: JsonValue = None
-
-
-class AbortFrame(WireModel):
-    type: Literal["abort"] = "abort"
-    request_id: RequestId
-
-
-# --- server to client: tool frames -------------------------------------------------
-
-
-class ToolsAckFrame(WireModel):
-    type: Literal["cf_agent_client_tools_ack"] = "cf_agent_client_tools_ack"
-    accepted: list[str]
-    rejected: list[RejectedTool] = Field(default_factory=list)
-
-
-class InvokeFrame(WireModel):
-    type: Literal["cf_agent_client_tool_invoke"] = "cf_agent_client_tool_invoke"
-    request_id: RequestId
-    tool_call_id: str
-    tool_name: str
-    input: dict[str, JsonValue]
-    timeout_ms: Annotated[int, Field(ge=0)] | None = None
-    attempt: Annotated[int, Field(ge=1)] = 1
-
-
-class CancelFrame(WireModel):
-    type: Literal["cf_agent_client_tool_cancel"] = "cf_agent_client_tool_cancel"
-    request_id: RequestId
-    reason: CancelReason
-
-
-class ResultAckFrame(WireModel):
-    type: Literal["cf_agent_client_tool_result_ack"] = "cf_agent_client_tool_result_ack"
-    request_id: RequestId
-    outcome: AckOutcome
-    message: str | None = None
-
-
-class PingFrame(WireModel):
-    type: Literal["cf_agent_ping"] = "cf_agent_ping"
-    t: float
-
-
-class ProtocolErrorFrame(WireModel):
-    type: Literal["cf_agent_protocol_error"] = "cf_agent_protocol_error"
-    message: str
-    request_id: str | None = None
-
-
-# --- server to client: chat frames -------------------------------------------------
-
-
-class StartFrame(WireModel):
-    type: Literal["start"] = "start"
-    request_id: RequestId
-
-
-class ChunkFrame(WireModel):
-    type: Literal["chunk"] = "chunk"
-    request_id: RequestId
-    sequence: Annotated[int, Field(ge=0)]
-    chunk: dict[str, JsonValue]
-
-
-class EndFrame(WireModel):
-    type: Literal["end"] = "end"
-    request_id: RequestId
-
-
-class ErrorFrame(WireModel):
-    type: Literal["error"] = "error"
-    request_id: RequestId
-    error_text: str | None = None
-
-
-class NoActiveFrame(WireModel):
-    type: Literal["no-active"] = "no-active"
-    request_id: RequestId
-
-
-ClientFrame: TypeAlias = Annotated[
-    ClientToolsFrame
-    | ToolResultFrame
-    | ToolProgressFrame
-    | ToolApprovalFrame
-    | PongFrame
-    | SendFrame
-    | ResumeFrame
-    | AbortFrame,
-    Field(discriminator="type"),
-]
-ServerFrame: TypeAlias = Annotated[
-    ToolsAckFrame
-    | InvokeFrame
-    | CancelFrame
-    | ResultAckFrame
-    | PingFrame
-    | ProtocolErrorFrame
-    | StartFrame
-    | ChunkFrame
-    | EndFrame
-    | ErrorFrame
-    | NoActiveFrame,
-    Field(discriminator="type"),
-]
-ChatServerFrame: TypeAlias = StartFrame | ChunkFrame | EndFrame | ErrorFrame | NoActiveFrame
-
-CLIENT_FRAME_TYPES = frozenset(
-    m.model_fields["type"].default
-    for m in (
-        ClientToolsFrame,
-        ToolResultFrame,
-        ToolProgressFrame,
-        ToolApprovalFrame,
-        PongFrame,
-        SendFrame,
-        ResumeFrame,
-        AbortFrame,
-    )
-)
-SERVER_FRAME_TYPES = frozenset(
-    m.model_fields["type"].default
-    for m in (
-        ToolsAckFrame,
-        InvokeFrame,
-        CancelFrame,
-        ResultAckFrame,
-        PingFrame,
-        ProtocolErrorFrame,
-        StartFrame,
-        ChunkFrame,
-        EndFrame,
-        ErrorFrame,
-        NoActiveFrame,
-    )
-)
-
-_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame, config=_DEFERRED)
-_server_frame: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame, config=_DEFERRED)
+#: Each frame type's validator, by `type`: made with its model on the first frame of that
+#: type. A frame is validated by its own model, the one its `type` names, which is what the
+#: `ClientFrame` and `ServerFrame` unions do (a test holds the two equal, results and
+#: errors), without building all of a side's models for the first frame of the side.
+_validators: dict[str, Callable[..., Any]] = {}
+
+
+def _validator(frame_type: str) -> Callable[..., Any]:
+    validate = _validators.get(frame_type)
+    if validate is None:
+        from clienttools import frames
+
+        model = frames.MODELS_BY_TYPE[frame_type]
+        model.model_rebuild()
+        validate = _validators[frame_type] = model.__pydantic_validator__.validate_python
+    return validate
 
 
 class FrameError(ValueError):
@@ -359,9 +240,7 @@ class FrameError(ValueError):
         self.frame_type = frame_type
 
 
-def _parse(
-    text: str | bytes, adapter: TypeAdapter[Any], known_types: frozenset[str], max_bytes: int
-) -> Any:
+def _parse(text: str | bytes, known_types: frozenset[str], max_bytes: int) -> Any:
     if not isinstance(text, str):
         raise FrameError("binary frames are not part of the protocol; send JSON text")
     # A code point is at most 4 bytes of UTF-8: a short frame needs no encoding to size it.
@@ -389,10 +268,10 @@ def _parse(
             f"unknown frame type {frame_type[:64]!r}", request_id=request_id, frame_type=frame_type
         )
     try:
-        return adapter.validate_python(raw, by_alias=True)
+        return _validator(frame_type)(raw, by_alias=True)
     except ValidationError as exc:
         raise FrameError(
-            f"invalid {frame_type!r} frame: {describe_validation_error(exc, skip=1)}",
+            f"invalid {frame_type!r} frame: {describe_validation_error(exc)}",
             request_id=request_id,
             frame_type=frame_type,
         ) from None
@@ -439,13 +318,13 @@ def describe_validation_error(exc: ValidationError, limit: int = 3, skip: int = 
 
 def parse_client_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ClientFrame:
     """Parse a frame the client sent. Raises FrameError with a readable message."""
-    frame: ClientFrame = _parse(text, _client_frame, CLIENT_FRAME_TYPES, max_bytes)
+    frame: ClientFrame = _parse(text, CLIENT_FRAME_TYPES, max_bytes)
     return frame
 
 
 def parse_server_frame(text: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> ServerFrame:
     """Parse a frame the server sent. Raises FrameError with a readable message."""
-    frame: ServerFrame = _parse(text, _server_frame, SERVER_FRAME_TYPES, max_bytes)
+    frame: ServerFrame = _parse(text, SERVER_FRAME_TYPES, max_bytes)
     return frame
 
 
@@ -455,6 +334,8 @@ def dump_frame(frame: WireModel) -> str:
     Absent optional fields are left out, except a result's `output`, which is
     sent even when it is null because null is a valid tool output.
     """
+    from clienttools.frames import ToolResultFrame
+
     data = frame.model_dump(mode="json", by_alias=True, exclude_none=True)
     if isinstance(frame, ToolResultFrame) and frame.error is None:
         data["output"] = frame.output
@@ -526,6 +407,8 @@ def tools_frame_text(client_id: str, wire_specs: list[dict[str, Any]]) -> str:
     A client id the model refuses goes through the model, which says why.
     """
     if not (isinstance(client_id, str) and 1 <= len(client_id) <= 256):
+        from clienttools.frames import ClientToolsFrame, ToolSpec
+
         specs = [ToolSpec.model_validate(spec, by_alias=True) for spec in wire_specs]
         return dump_frame(ClientToolsFrame(client_id=client_id, tools=specs))
     frame = {

@@ -35,9 +35,9 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pydantic import ConfigDict, JsonValue, TypeAdapter, ValidationError
+from pydantic import JsonValue, ValidationError
 
 from clienttools import protocol
 from clienttools.rules import (
@@ -88,10 +88,24 @@ __all__ = [  # the lifecycle table, limits and backoff live in rules.py, shared 
     "next_call_state",
 ]
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
 logger = logging.getLogger("clienttools")
 
-# Built on first use (an error with data): building it took ~70 ms of the import.
-_json_value: TypeAdapter[JsonValue] = TypeAdapter(JsonValue, config=ConfigDict(defer_build=True))
+# Made on first use (an error with data), not at import: building it took ~70 ms of the
+# import, and even unbuilt it imported pydantic's TypeAdapter module.
+_json_value: list[TypeAdapter[JsonValue]] = []
+
+
+def _json_value_adapter() -> TypeAdapter[JsonValue]:
+    if not _json_value:
+        from pydantic import TypeAdapter
+
+        _json_value.append(TypeAdapter(JsonValue))
+    return _json_value[0]
+
+
 _EMPTY_OUTBOX = json.dumps({"version": OUTBOX_FORMAT_VERSION, "results": []})
 
 
@@ -641,7 +655,7 @@ class Session:
 def _json_or_none(value: object) -> JsonValue:
     """`value` if it is plain JSON, else None (logged): error data must never break a result."""
     try:
-        data = _json_value.validate_python(value)
+        data = _json_value_adapter().validate_python(value)
         protocol.json_size(data)
     except (ValidationError, ValueError, TypeError, RecursionError):
         logger.warning("error data of type %s is not JSON; sent without it", type(value).__name__)

@@ -62,6 +62,7 @@ defined only after the tool is registered cannot be resolved.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -71,7 +72,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar, Union, overload
 
 from pydantic import (
     BaseModel,
@@ -79,7 +80,6 @@ from pydantic import (
     Field,
     JsonValue,
     PydanticUserError,
-    TypeAdapter,
     ValidationError,
     create_model,
 )
@@ -91,6 +91,11 @@ from clienttools import protocol
 from clienttools.context import ToolContext, ToolError
 from clienttools.observers import Observers
 from clienttools.rules import drop_missing_inputs, invalid_input_message
+
+if TYPE_CHECKING:
+    # Imported where an adapter is made: pydantic imports this module on first use, and a
+    # page whose tools have plain signatures needs none before the first invoke.
+    from pydantic import TypeAdapter
 
 __all__ = [
     "InvalidInput",
@@ -335,6 +340,8 @@ def _type_repr(tp: Any) -> str:
 
 def _check_json_schema_able(tool_name: str, what: str, tp: Any) -> None:
     """Raise a TypeError naming `what` if pydantic can build no validator or schema for `tp`."""
+    from pydantic import TypeAdapter
+
     try:
         TypeAdapter(tp).json_schema(schema_generator=_ToolJsonSchema)
     except PydanticUserError as exc:
@@ -375,10 +382,7 @@ def _finish_input_schema(schema: dict[str, Any]) -> dict[str, JsonValue]:
 # silently into null; 'constants' keeps them as floats so the JSON check in
 # `Tool.dump_output` can refuse them.
 _NAN_KEEPING: Final = ConfigDict(ser_json_inf_nan="constants")
-# Built on first use (a tool without a return annotation): not on every page's start-up.
-_ANY_OUTPUT_CONFIG: Final = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
-_ANY_OUTPUT: Final[TypeAdapter[Any]] = TypeAdapter(Any, config=_ANY_OUTPUT_CONFIG)
-_NAN_KEEPING_DEFERRED: Final = _ANY_OUTPUT_CONFIG
+_NAN_KEEPING_DEFERRED: Final = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
 _UNVALIDATED_RETURNS: Final = (Any, object)
 _EMPTY: Final = inspect.Parameter.empty
 # Return values whose JSON is their own `json.dumps`, with no pydantic validation or
@@ -402,6 +406,8 @@ def _output_adapter(
     tool_name: str, tp: Any
 ) -> tuple[TypeAdapter[Any], dict[str, JsonValue] | None]:
     """The validating adapter for a return annotation, and its JSON schema (None for None)."""
+    from pydantic import TypeAdapter
+
     try:
         try:
             adapter: TypeAdapter[Any] = TypeAdapter(tp, config=_NAN_KEEPING)
@@ -444,8 +450,11 @@ class FunctionSchema:
     fields: tuple[tuple[str, str], ...]
     #: The parameter that receives the ToolContext, if any.
     context_parameter: str | None
-    #: Validates (when `validate_output`) and dumps the return value.
-    output_adapter: TypeAdapter[Any]
+    #: Validates (when `validate_output`) and dumps the return value; None while not
+    #: made yet (no return annotation, or a plain one: see `_PLAIN_RETURNS`).
+    output_adapter: TypeAdapter[Any] | None
+    #: Makes the output adapter (the one above, or the first time it is needed).
+    make_output_adapter: Callable[[], TypeAdapter[Any]]
     output_schema: dict[str, JsonValue] | None
     validate_output: bool
     #: Types of return value that are dumped with `json.dumps` alone (see `_PLAIN_TYPES`).
@@ -490,15 +499,17 @@ def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
     if input_schema is None:
         input_model, input_schema = _input_model(fn, tool_name, fields, field_names)
     return_type = hints.get("return", _EMPTY)
+    output_adapter: TypeAdapter[Any] | None = None
     if return_type is _EMPTY or return_type in _UNVALIDATED_RETURNS:
-        output_adapter, output_schema, validate_output = _ANY_OUTPUT, None, False
+        make_output_adapter, output_schema, validate_output = _any_output, None, False
     elif isinstance(return_type, type) and return_type in _PLAIN_RETURNS:
-        # Known schemas (a test compares them with pydantic's); the adapter is built
-        # on first use, for a value that is not already of the type (plain_outputs).
-        output_adapter = TypeAdapter(return_type, config=_NAN_KEEPING_DEFERRED)
+        # Known schemas (a test compares them with pydantic's); the adapter is made on
+        # first use, for a value that is not already of the type (plain_outputs).
+        make_output_adapter = functools.partial(_deferred_adapter, return_type)
         output_schema, validate_output = _PLAIN_RETURNS[return_type], True
     else:
         output_adapter, output_schema = _output_adapter(tool_name, return_type)
+        make_output_adapter = functools.partial(_made, output_adapter)
         validate_output = True
     return FunctionSchema(
         description=doc_summary,
@@ -508,11 +519,33 @@ def function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSchema:
         fields=tuple(field_names),
         context_parameter=context_param,
         output_adapter=output_adapter,
+        make_output_adapter=make_output_adapter,
         output_schema=output_schema,
         validate_output=validate_output,
         plain_outputs=_plain_outputs(return_type, validate_output),
         is_async=inspect.iscoroutinefunction(fn),
     )
+
+
+_ANY_OUTPUT: list[TypeAdapter[Any]] = []
+
+
+def _any_output() -> TypeAdapter[Any]:
+    """The one output adapter of the tools without a (useful) return annotation."""
+    if not _ANY_OUTPUT:
+        _ANY_OUTPUT.append(_deferred_adapter(Any))
+    return _ANY_OUTPUT[0]
+
+
+def _deferred_adapter(tp: Any) -> TypeAdapter[Any]:
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[Any] = TypeAdapter(tp, config=_NAN_KEEPING_DEFERRED)
+    return adapter
+
+
+def _made(adapter: TypeAdapter[Any]) -> TypeAdapter[Any]:
+    return adapter
 
 
 def _parameter_annotation(
@@ -660,6 +693,7 @@ class Tool:
         "_fields",
         "_input_model",
         "_make_input_model",
+        "_make_output",
         "_output",
         "_plain_outputs",
         "_spec",
@@ -729,6 +763,7 @@ class Tool:
         self._make_input_model = schema.make_input_model
         self._fields = schema.fields
         self._output = schema.output_adapter
+        self._make_output = schema.make_output_adapter
         self._validate_output = schema.validate_output
         self._plain_outputs = schema.plain_outputs
         timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
@@ -783,6 +818,17 @@ class Tool:
         if self._input_model is None:
             self._input_model = self._make_input_model()
         return self._input_model
+
+    @property
+    def output_adapter(self) -> TypeAdapter[Any]:
+        """The adapter that validates (when the return is annotated) and dumps the output.
+
+        Made on first use for a return that is unannotated or of a plain type: a value
+        of exactly that type never needs it (`_PLAIN_TYPES`).
+        """
+        if self._output is None:
+            self._output = self._make_output()
+        return self._output
 
     @property
     def context_parameter(self) -> str | None:
@@ -857,9 +903,12 @@ class Tool:
                 f"tool {self.name!r} returned a {type(value).__name__} object, which is "
                 f"not JSON; return the data itself (e.g. a list, not an iterator)"
             )
+        output = self._output
+        if output is None:
+            output = self.output_adapter
         if self._validate_output:
             try:
-                value = self._output.validate_python(value)
+                value = output.validate_python(value)
             except ValidationError as exc:
                 where = protocol.describe_validation_error(exc)
                 raise InvalidOutput(
@@ -867,7 +916,7 @@ class Tool:
                     f"annotation: {where}"
                 ) from None
         try:
-            out: JsonValue = self._output.dump_python(
+            out: JsonValue = output.dump_python(
                 value, mode="json", fallback=_refuse_unknown, warnings="error"
             )
         except _Unserializable as exc:

@@ -20,9 +20,10 @@ Errors (all `ConnectError`, each naming the URL, its token hidden, and the reaso
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from clienttools.protocol import RejectedTool
+if TYPE_CHECKING:
+    from clienttools.protocol import RejectedTool
 
 
 def redact_token(url: str) -> str:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 
 from clienttools.protocol import (
     CLIENT_FRAME_TYPES,
     SERVER_FRAME_TYPES,
+    ClientFrame,
     FrameError,
+    ServerFrame,
+    describe_validation_error,
     dump_frame,
     parse_client_frame,
     parse_server_frame,
@@ -127,3 +132,39 @@ def test_mutated_frames_accepts_a_fixed_base_and_rejects_unknown_kinds() -> None
     with pytest.raises(ValueError):
         mutated_frames('{"type":"cf_agent_ping","t":1}', kinds=["nope"])
     assert set(SHAPE) == set(MUTATIONS)
+
+
+# Each frame is validated by the model its `type` names, not by the side's discriminated
+# union (so the first frame makes one model's validator, not the side's all): the same
+# frames, the same errors, word for word, as the union gives.
+_UNIONS = {
+    parse_client_frame: TypeAdapter(ClientFrame),
+    parse_server_frame: TypeAdapter(ServerFrame),
+}
+
+
+def _check_as_the_union(parse: Callable[[str | bytes], object], wire: str | bytes) -> None:
+    try:
+        frame = parse(wire)
+    except FrameError as exc:
+        if not exc.message.startswith("invalid "):
+            return  # refused before validation (not JSON, unknown type, ...): no model ran
+        raw = json.loads(wire)
+        with pytest.raises(ValidationError) as union_error:
+            _UNIONS[parse].validate_python(raw, by_alias=True)
+        expected = describe_validation_error(union_error.value, skip=1)
+        assert exc.message == f"invalid {raw['type']!r} frame: {expected}"
+    else:
+        assert frame == _UNIONS[parse].validate_python(json.loads(wire), by_alias=True)
+
+
+@FUZZ
+@given(st.one_of(valid_client_frames(), mutated_frames(valid_client_frames())))
+def test_client_frames_validate_as_their_union_does(wire: str | bytes) -> None:
+    _check_as_the_union(parse_client_frame, wire)
+
+
+@FUZZ
+@given(st.one_of(valid_server_frames(), mutated_frames(valid_server_frames())))
+def test_server_frames_validate_as_their_union_does(wire: str | bytes) -> None:
+    _check_as_the_union(parse_server_frame, wire)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import typing
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from clienttools import frames
 from clienttools import protocol as p
 
 
@@ -102,8 +106,62 @@ def test_plain_json_is_dump_json(value: object) -> None:
 def test_wire_names_are_pydantics_camel_case() -> None:
     from pydantic.alias_generators import to_camel
 
-    models = [m for m in vars(p).values() if isinstance(m, type) and issubclass(m, p.WireModel)]
+    models = [
+        m for m in vars(frames).values() if isinstance(m, type) and issubclass(m, p.WireModel)
+    ]
     names = {name for m in models for name in m.model_fields}
     assert len(models) > 20 and "tool_call_id" in names
     for name in names:
         assert p.wire_name(name) == to_camel(name), name
+
+
+def _union_types(union: object) -> frozenset[str]:
+    members = typing.get_args(typing.get_args(union)[0])
+    return frozenset(m.model_fields["type"].default for m in members)
+
+
+def test_frame_types_are_the_unions_types() -> None:
+    # Spelled out in protocol so that a frame of an unknown type is refused without the models.
+    assert _union_types(p.ClientFrame) == p.CLIENT_FRAME_TYPES
+    assert _union_types(p.ServerFrame) == p.SERVER_FRAME_TYPES
+
+
+def test_protocol_hands_out_the_frame_models() -> None:
+    assert p.InvokeFrame is frames.InvokeFrame
+    assert set(frames.__all__) == p._FRAME_NAMES
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchFrame'"):
+        p.NoSuchFrame  # noqa: B018
+
+
+# A page sends the tools frame before any other: what that needs is start-up time (cold
+# start in bench/README.md). Importing the SDK, registering a tool of plain parameters and
+# writing the frame make no frame model and import no pydantic TypeAdapter; the first
+# frame parsed makes the models, still without a TypeAdapter. In a fresh interpreter,
+# since this one has them all.
+START_UP = """
+import sys
+import pydantic
+before = set(sys.modules)
+import clienttools
+client = clienttools.ToolClient("ws://127.0.0.1:1/agents/chat/profile")
+@client.tool
+def add(a: int, b: int) -> int:
+    \"\"\"Add two integers.\"\"\"
+    return a + b
+client.session.connection_opened(0.0)
+frame = client.session.frames_to_send()[0]
+print(sorted(m for m in ("clienttools.frames", "pydantic.type_adapter") if m in sys.modules))
+client.session.receive_frame('{"type":"cf_agent_ping","t":1}', 0.0)
+print(sorted(m for m in ("clienttools.frames", "pydantic.type_adapter") if m in sys.modules))
+print(frame)
+"""
+
+
+def test_the_tools_frame_needs_no_frame_model() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", START_UP], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, after, frame = done.stdout.splitlines()
+    assert before == "[]"
+    assert after == "['clienttools.frames']"
+    assert json.loads(frame)["type"] == "cf_agent_client_tools"

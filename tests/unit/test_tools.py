@@ -1252,7 +1252,7 @@ def test_annotated_outputs_validate_and_serialize() -> None:
 
 def _pydantic_dump(tool: Tool, value: Any) -> str | type[InvalidOutput]:
     """What `dump_output_json` gives through pydantic alone (no plain-value shortcut)."""
-    adapter = tool._output
+    adapter = tool.output_adapter
     try:
         if tool._validate_output:
             value = adapter.validate_python(value)
