@@ -196,9 +196,8 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
             async with cluster.reader() as ledger:
 
                 async def completed() -> bool:
-                    return {r.status for r in (await runs_by_chat(ledger)).values()} == {
-                        "completed"
-                    }
+                    so_far = await runs_by_chat(ledger)
+                    return {r.status for r in so_far.values()} == {"completed"}
 
                 await wait_until(completed, lease + 60.0, "every run to complete on a survivor")
                 elapsed = time.monotonic() - killed

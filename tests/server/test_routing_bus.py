@@ -129,7 +129,7 @@ async def test_a_rolled_back_batch_notifies_nobody(postgres: PostgresServer) -> 
         with pytest.raises(psycopg.errors.DivisionByZero):
             async with a.batch():
                 await a.notify(b.owner, "lost")
-                await a._write_one("SELECT 1/0", ())  # a database error rolls the batch back
+                await a.statement("SELECT 1/0", ())  # a database error rolls the batch back
         await a.notify(b.owner, "after")
         await heard.until(lambda: bool(heard.got))
         assert [kind for kind, _, _ in heard.got] == ["after"]
