@@ -96,7 +96,7 @@ async def chat_endpoint(websocket: WebSocket) -> None:
     await Connection(websocket, session, hub, config, hub.clock).serve()
 
 
-def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
+async def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
     """The ledger ``--db`` names: a PostgreSQL URL, a SQLite file, or (None) memory.
 
     ``lease``: seconds each run this ledger owns stays its own past a renewal.
@@ -108,7 +108,7 @@ def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
         # Imported here: psycopg is needed only by servers that use PostgreSQL.
         from .ledger_postgres import PostgresLedger
 
-        return PostgresLedger(db, lease=lease)
+        return await PostgresLedger.connect(db, lease=lease)
     return SqliteLedger(db, lease=lease)
 
 
@@ -172,7 +172,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger = open_ledger(config.db, lease=config.lease)
+        ledger = await open_ledger(config.db, lease=config.lease)
         bus = open_bus(config.db, ledger)
         hub = Hub(
             config, ledger, chosen_agent, chosen_model, tools,
@@ -185,13 +185,13 @@ def create_app(
         try:
             if bus is not None:
                 await bus.start()  # the hub's handlers are on it: nothing is missed
-            hub.start()
+            await hub.start()
             yield
         finally:
             await hub.close()
             if bus is not None:
                 await bus.close()
-            ledger.close()
+            await ledger.close()
 
     label = model_label(config, chosen_model)
 

@@ -1,7 +1,7 @@
 """The bus between server processes on one PostgreSQL ledger: LISTEN/NOTIFY, ids only.
 
 A process tells another one (or all of them) that something changed in the
-ledger with ``PostgresLedger.notify``:
+ledger with ``await PostgresLedger.notify``:
 a *kind* and a few ids. The rows carry the data, so no payload limit matters,
 and a notification sent inside ``ledger.batch()`` is part of its transaction:
 PostgreSQL delivers it only after the commit, so the receiver always finds
@@ -21,11 +21,13 @@ two schemas in one database never hear each other): its own
 its sender included; a handler that wants only the others' compares
 ``sender`` with ``ledger.owner``.
 
+    async def on_settled(sender: str, args: tuple[str, ...]) -> None: ...
+
     bus = Bus(ledger)
-    bus.on("settled", lambda sender, args: wake(*args))
-    bus.on_reconnect(resync)
+    bus.on("settled", on_settled)             # awaited in the order notifications come
+    bus.on_reconnect(resync)                  # an async function too
     await bus.start()                         # listening once it returns
-    ledger.notify(other_process, "settled", execution_id, "3")
+    await ledger.notify(other_process, "settled", execution_id, "3")
     await bus.close()
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # imported when listening: a SQLite server needs no psycopg
@@ -42,8 +44,10 @@ if TYPE_CHECKING:  # imported when listening: a SQLite server needs no psycopg
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[str, tuple[str, ...]], None]
-ReconnectHandler = Callable[[], None]
+# Handlers are coroutines, awaited one after the other in the order the
+# notifications came: each sees the rows as the one before it left them.
+Handler = Callable[[str, tuple[str, ...]], Awaitable[None]]
+ReconnectHandler = Callable[[], Awaitable[None]]
 
 # Seconds between reconnect attempts: doubling from the first to the last.
 FIRST_BACKOFF = 0.05
@@ -109,11 +113,11 @@ class Bus:
         self.connects = 0  # how many times LISTEN succeeded (tests and logs read it)
 
     def on(self, kind: str, handler: Handler) -> None:
-        """Call ``handler(sender, args)`` for each notification of ``kind``; it must not raise."""
+        """Await ``handler(sender, args)`` for each notification of ``kind``, in order."""
         self._handlers.setdefault(kind, []).append(handler)
 
     def on_reconnect(self, handler: ReconnectHandler) -> None:
-        """Call ``handler()`` after each reconnect: notifications may have been lost meanwhile."""
+        """Await ``handler()`` after each reconnect: notifications may have been lost meanwhile."""
         self._reconnect_handlers.append(handler)
 
     @property
@@ -164,9 +168,9 @@ class Bus:
                     self._listening.set()
                     if self.connects > 1:
                         logger.info("bus: listening again; resyncing from the ledger")
-                        self._reconnected()
+                        await self._reconnected()
                     async for notify in connection.notifies():
-                        self._dispatch(notify.payload)
+                        await self._dispatch(notify.payload)
             except psycopg.OperationalError as exc:
                 logger.warning("bus: the connection to the ledger broke (%s); reconnecting", exc)
             finally:
@@ -174,14 +178,14 @@ class Bus:
                 self._listening.clear()
             await asyncio.sleep(next(delays))
 
-    def _reconnected(self) -> None:
+    async def _reconnected(self) -> None:
         for handler in self._reconnect_handlers:
             try:
-                handler()
+                await handler()
             except Exception:
                 logger.exception("bus: a reconnect handler failed")
 
-    def _dispatch(self, payload: str) -> None:
+    async def _dispatch(self, payload: str) -> None:
         decoded = decode(payload)
         if decoded is None:
             logger.warning("bus: ignoring a notification this code did not write: %.200r", payload)
@@ -189,6 +193,6 @@ class Bus:
         sender, kind, args = decoded
         for handler in self._handlers.get(kind, ()):
             try:
-                handler(sender, args)
+                await handler(sender, args)
             except Exception:
                 logger.exception("bus: the handler of %r failed", kind)

@@ -67,25 +67,30 @@ ENGAGING_FRAMES = (ClientToolsFrame, SendFrame, ResumeFrame)
 
 
 class Router(Protocol):
-    """The server as a connection sees it: where each parsed frame goes."""
+    """The server as a connection sees it: where each parsed frame goes.
+
+    The handlers are coroutines (they read and write the ledger); a connection
+    awaits each before it reads its next frame, so a peer's frames are handled
+    in the order it sent them.
+    """
 
     def attach(self, client: Client) -> None: ...
 
-    def detach(self, client: Client) -> None: ...
+    async def detach(self, client: Client) -> None: ...
 
-    def register_tools(self, client: Client, frame: ClientToolsFrame) -> None: ...
+    async def register_tools(self, client: Client, frame: ClientToolsFrame) -> None: ...
 
-    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame: ...
+    async def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame: ...
 
-    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None: ...
+    async def on_progress(self, client: Client, frame: ToolProgressFrame) -> None: ...
 
-    def approve(self, client: Client, frame: ToolApprovalFrame) -> None: ...
+    async def approve(self, client: Client, frame: ToolApprovalFrame) -> None: ...
 
-    def start_run(self, client: Client, frame: SendFrame) -> None: ...
+    async def start_run(self, client: Client, frame: SendFrame) -> None: ...
 
-    def resume(self, client: Client, frame: ResumeFrame) -> None: ...
+    async def resume(self, client: Client, frame: ResumeFrame) -> None: ...
 
-    def abort(self, client: Client, frame: AbortFrame) -> None: ...
+    async def abort(self, client: Client, frame: AbortFrame) -> None: ...
 
     def lease_lost(self, execution_id: str) -> None: ...
 
@@ -208,8 +213,10 @@ class Connection:
             self._engaged()
             reader.cancel()
             pinger.cancel()
-            self._hub.detach(self)
-            self._outbox.put_nowait(None)
+            try:
+                await self._hub.detach(self)
+            finally:
+                self._outbox.put_nowait(None)
             await asyncio.gather(writer, pinger, reader, return_exceptions=True)
         if close_code is not None:
             # The peer may be gone already; then there is nothing to close.
@@ -253,7 +260,7 @@ class Connection:
             if isinstance(frame, ENGAGING_FRAMES):
                 self._engaged()
             try:
-                self._dispatch(frame)
+                await self._dispatch(frame)
             except LedgerUnavailable as exc:
                 # Nothing of the frame was recorded, so nothing is acknowledged: the
                 # peer reconnects (C11) and sends it again, the database back or not.
@@ -281,22 +288,22 @@ class Connection:
             self._error_times.popleft()
         return len(self._error_times) > self._config.flood_limit
 
-    def _dispatch(self, frame: ClientFrame) -> None:
+    async def _dispatch(self, frame: ClientFrame) -> None:
         hub = self._hub
         if isinstance(frame, ClientToolsFrame):
-            hub.register_tools(self, frame)
+            await hub.register_tools(self, frame)
         elif isinstance(frame, ToolResultFrame):
-            self.send(hub.on_result(self, frame))
+            self.send(await hub.on_result(self, frame))
         elif isinstance(frame, ToolProgressFrame):
-            hub.on_progress(self, frame)
+            await hub.on_progress(self, frame)
         elif isinstance(frame, ToolApprovalFrame):
-            hub.approve(self, frame)
+            await hub.approve(self, frame)
         elif isinstance(frame, SendFrame):
-            hub.start_run(self, frame)
+            await hub.start_run(self, frame)
         elif isinstance(frame, ResumeFrame):
-            hub.resume(self, frame)
+            await hub.resume(self, frame)
         elif isinstance(frame, AbortFrame):
-            hub.abort(self, frame)
+            await hub.abort(self, frame)
         elif isinstance(frame, PongFrame):
             pass  # any frame shows the socket is alive; uvicorn pings at the transport level
 

@@ -7,9 +7,13 @@ approvals. Connections call it with parsed frames; runs reach tools through a
 :class:`SessionTools` host.
 
     hub = Hub(config, ledger, Agent(), scripted_model(), default_server_tools(), durable=False)
+    await hub.start()
     hub.attach(connection)
-    hub.start_run(connection, send_frame)
+    await hub.start_run(connection, send_frame)
     await hub.close()
+
+What reads or writes the ledger is a coroutine: a frame's handler awaits it,
+and each connection handles its frames one after the other.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -165,13 +169,13 @@ class Hub:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Expire what outlived its TTL, take over and resume unfinished runs whose lease
         lapsed (S8), start the expiry clock and the lease's heartbeat."""
-        self.ledger.keep_alive(self.clock.now())
-        self.expire_now()
-        self.prune_now()
-        self.take_over_now()
+        await self.ledger.keep_alive(self.clock.now())
+        await self.expire_now()
+        await self.prune_now()
+        await self.take_over_now()
         self._expiry_task = asyncio.create_task(self._expire_periodically())
         self._lease_task = asyncio.create_task(self._keep_leases())
         if self.shared is not None:
@@ -193,26 +197,29 @@ class Hub:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._expiry_task = self._lease_task = None
+        await self.browser.close()
         if self.shared is not None:
             await self.shared.close()
+        if self.peers is not None:
+            await self.peers.close()
 
     # -- run ownership (leases) -------------------------------------------------------
 
-    def take_over_now(self) -> list[str]:
+    async def take_over_now(self) -> list[str]:
         """Resume every unfinished run whose lease lapsed: it is this process's now.
 
         Replay does the rest: recorded steps are not asked for again, a pending
         call is delivered again to the session's page once one registers here.
         """
         resumed: list[str] = []
-        for execution in self.ledger.take_over(self.clock.now()):
+        for execution in await self.ledger.take_over(self.clock.now()):
             self.browser.handed_over.discard(execution.id)
             if execution.id in self.runs:
                 continue  # our own lease, renewed late: the run goes on as it was
             try:
                 request = RunRequest.from_json(execution.request_json)
             except (ValueError, KeyError, TypeError):
-                self.ledger.set_status(
+                await self.ledger.set_status(
                     execution.id, "error", self.clock.now(), "its request could not be read"
                 )
                 continue
@@ -220,13 +227,13 @@ class Hub:
                 "resuming run %s of session %s (lease generation %d)",
                 execution.id, execution.session, execution.generation,
             )  # fmt: skip
-            self._launch(execution.id, execution.session, request)
+            await self._launch(execution.id, execution.session, request)
             resumed.append(execution.id)
         return resumed
 
-    def renew_now(self) -> list[str]:
+    async def renew_now(self) -> list[str]:
         """Renew the leases of this process's runs; stop those another process took over."""
-        lost = self.ledger.renew(self.clock.now())
+        lost = await self.ledger.renew(self.clock.now())
         for execution_id in lost:
             self.lease_lost(execution_id)
         return lost
@@ -252,35 +259,35 @@ class Hub:
         while True:
             await sleep(self.clock, period)
             try:
-                live = self.ledger.keep_alive(self.clock.now())
+                live = await self.ledger.keep_alive(self.clock.now())
                 if self.peers is not None:
                     self.peers.refresh()
-                self.browser.targets_lost(live)
-                self.renew_now()
-                self.take_over_now()
+                await self.browser.targets_lost(live)
+                await self.renew_now()
+                await self.take_over_now()
             except LedgerUnavailable as exc:
                 logger.warning("renewing or taking over leases: %s", exc)
             except Exception:
                 logger.exception("renewing or taking over leases failed")
 
-    def expire_now(self) -> list[str]:
-        expired = self.ledger.expire_paused(self.config.ttl, self.clock.now())
+    async def expire_now(self) -> list[str]:
+        expired = await self.ledger.expire_paused(self.config.ttl, self.clock.now())
         if expired:
             logger.info("expired runs: %s", ", ".join(expired))
-            self.browser.wake_expired(expired)
+            await self.browser.wake_expired(expired)
             self.approvals.wake_expired(expired)
             if self.bus is not None:
                 for start in range(0, len(expired), EXPIRED_PER_NOTIFICATION):
                     chunk = expired[start : start + EXPIRED_PER_NOTIFICATION]
-                    self.ledger.notify(None, EXPIRED, *chunk)
+                    await self.ledger.notify(None, EXPIRED, *chunk)
         return expired
 
-    def prune_now(self) -> int:
+    async def prune_now(self) -> int:
         """Forget finished executions past the retention, and finished responses past grace."""
         self.finished.prune()
         if self.shared is not None:
-            self.shared.prune(self.clock.now())
-        pruned = self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
+            await self.shared.prune(self.clock.now())
+        pruned = await self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
         return pruned
@@ -293,8 +300,8 @@ class Hub:
         while True:
             await sleep(self.clock, period)
             try:
-                self.expire_now()
-                self.prune_now()
+                await self.expire_now()
+                await self.prune_now()
             except Exception:
                 logger.exception("expiring runs failed")
 
@@ -314,20 +321,21 @@ class Hub:
 
     # -- settling from outside (S8) --------------------------------------------------
 
-    def resolve(self, execution_id: str, seq: int, output: JsonValue) -> Outcome:
+    async def resolve(self, execution_id: str, seq: int, output: JsonValue) -> Outcome:
         """Settle a pending step with an output and wake its run; never raises.
 
         Anything but a pending step (settled, unknown, too large to store,
         not JSON, breaking the outputSchema recorded with the step) comes back
         as an Outcome with ``ok`` False, and the ledger is unchanged.
         """
-        return self.settle(execution_id, seq, Settlement(output=output)).as_outcome()
+        return (await self.settle(execution_id, seq, Settlement(output=output))).as_outcome()
 
-    def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
+    async def reject(self, execution_id: str, seq: int, code: str, message: str) -> Outcome:
         """Settle a pending step with an error and wake its run; never raises."""
-        return self.settle(execution_id, seq, Settlement.failure(code, message)).as_outcome()
+        settlement = Settlement.failure(code, message)
+        return (await self.settle(execution_id, seq, settlement)).as_outcome()
 
-    def settle(self, execution_id: str, seq: int, settlement: Settlement) -> Applied:
+    async def settle(self, execution_id: str, seq: int, settlement: Settlement) -> Applied:
         """Settle a pending ``client`` or ``approval`` step from outside; never raises.
 
         What ``resolve``, ``reject`` and the HTTP routes call. The outcome is
@@ -337,28 +345,27 @@ class Hub:
         otherwise, or ``reason`` ``not_found``) or ``invalid``. Only
         ``applied`` changes the ledger.
         """
-        refused = self._not_resolvable(execution_id, seq)
+        step = await self.ledger.get_step(execution_id, seq)
+        refused = self._not_resolvable(execution_id, seq, step)
         if refused is not None:
             return refused
-        step = self.ledger.get_step(execution_id, seq)
         if step is None:
             return Applied("stale", "not_found", f"no step {seq} in execution {execution_id}")
-        applied = self.browser.apply(step, settlement, by_page=False)
+        applied = await self.browser.apply(step, settlement, by_page=False)
         if applied.ok and step.resolution == "approval":
             self.approvals.wake(execution_id, seq)
         if applied.ok and self.bus is not None:
             # The run may wait on another process: every process hears it (no read
             # of the owner), and each remembers the call as superseded.
-            self.ledger.notify(
+            await self.ledger.notify(
                 None, SETTLED, step.request_id or "", execution_id, str(seq), "outside"
             )
         return applied
 
-    def _not_resolvable(self, execution_id: str, seq: int) -> Applied | None:
+    def _not_resolvable(self, execution_id: str, seq: int, step: Step | None) -> Applied | None:
         # S8 resolves `client` and `approval` entries. A pending `server` step is
         # a model answer or a server tool this process is producing right now:
         # settling it from outside would race the run that owns it.
-        step = self.ledger.get_step(execution_id, seq)
         if step is not None and step.state == "pending" and step.resolution == "server":
             kind = step.kind
         elif step is None and (active := self.runs.get(execution_id)) is not None:
@@ -391,15 +398,15 @@ class Hub:
         self._session(client.session).clients.append(client)
         self.connections[client.id] = client
 
-    def detach(self, client: Client) -> None:
+    async def detach(self, client: Client) -> None:
         if self.connections.get(client.id) is client:
             del self.connections[client.id]
         if self.peers is not None and client.registration:
             self.peers.forget(client.session)
             try:
                 # First: whoever re-delivers this connection's calls must not find it.
-                self.ledger.unregister(client.id)
-                self.ledger.notify(None, UNREGISTERED, client.session)
+                await self.ledger.unregister(client.id)
+                await self.ledger.notify(None, UNREGISTERED, client.session)
             except LedgerUnavailable as exc:
                 # Its row stays until a relayed invoke finds the connection gone.
                 logger.warning("could not unregister %s: %s", client.id, exc)
@@ -412,25 +419,28 @@ class Hub:
             log.drop_owner(client.id)
         if self.shared is not None:
             self.shared.drop_owner(client.id)
-        self.browser.on_disconnect(client)
+        await self.browser.on_disconnect(client)
         self._forget_if_idle(session)
 
     def _local_tools(self, connection_id: str) -> Mapping[str, ToolSpec] | None:
         client = self.connections.get(connection_id)
         return client.tools if client is not None and client.is_open else None
 
-    def find_peer(self, session_name: str, tool_name: str) -> Peer | None:
+    async def find_peer(self, session_name: str, tool_name: str) -> Peer | None:
         """S2: the newest live connection of the session that registered the tool.
 
         With several processes on the ledger, across all of them: a connection
         here, or a remote peer on another process.
         """
         if self.peers is not None:
-            for registration, tools in reversed(self.peers.live(session_name)):
+            for registration, tools in reversed(await self.peers.live(session_name)):
                 if tool_name not in tools:
                     continue
                 if registration.process_id == self.ledger.owner:
-                    return self.connections[registration.connection_id]
+                    local = self.connections.get(registration.connection_id)
+                    if local is None:
+                        continue  # closed while the registrations were read
+                    return local
                 return self.peers.remote(registration)
             return None
         session = self.sessions.get(session_name)
@@ -439,7 +449,7 @@ class Hub:
         offering = [c for c in session.clients if c.is_open and tool_name in c.tools]
         return max(offering, key=lambda c: c.registration, default=None)
 
-    def register_tools(self, client: Client, frame: ClientToolsFrame) -> None:
+    async def register_tools(self, client: Client, frame: ClientToolsFrame) -> None:
         accepted: dict[str, ToolSpec] = {}
         rejected: list[RejectedTool] = []
         for spec in frame.tools:
@@ -449,7 +459,7 @@ class Hub:
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
         if self.peers is not None:
-            order = self.ledger.register(
+            order = await self.ledger.register(
                 client.id, client.session, frame.client_id, tools_json(accepted)
             )
             self.peers.forget(client.session)
@@ -458,14 +468,14 @@ class Hub:
         client.set_tools(frame.client_id, accepted, order)
         self.remembered.remember(client.session, accepted)
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
-        self.browser.on_registered(client)
+        await self.browser.on_registered(client)
         if self.bus is not None:
-            self.ledger.notify(None, REGISTERED, client.session)
+            await self.ledger.notify(None, REGISTERED, client.session)
 
-    def tool_spec(self, session: str, name: str) -> ToolSpec | None:
+    async def tool_spec(self, session: str, name: str) -> ToolSpec | None:
         """S2: the spec of the session's newest live page that offers the tool, else the
         remembered one."""
-        peer = self.find_peer(session, name)
+        peer = await self.find_peer(session, name)
         spec = peer.tool_spec(name) if peer is not None else None
         return spec if spec is not None else self.remembered.get(session, name)
 
@@ -473,14 +483,14 @@ class Hub:
         """The spec of a tool some page of the session registered, live or not."""
         return self.remembered.get(session, name)
 
-    def session_specs(self, session_name: str) -> dict[str, ToolSpec]:
+    async def session_specs(self, session_name: str) -> dict[str, ToolSpec]:
         """S2: every tool the session's pages registered, live or not; a live page's spec wins.
 
         A call to one whose page is gone waits for the next page that registers it.
         """
         specs = self.remembered.of(session_name)
         if self.peers is not None:
-            for _, tools in self.peers.live(session_name):
+            for _, tools in await self.peers.live(session_name):
                 specs.update(tools)
             return specs
         session = self.sessions.get(session_name)
@@ -519,22 +529,22 @@ class Hub:
         bus.on(EXPIRED, self._on_expired)
         bus.on_reconnect(self._on_reconnect)
 
-    def _on_invoke(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_invoke(self, sender: str, args: tuple[str, ...]) -> None:
         connection_id, request_id, tool_call_id, timeout_ms, attempt = args
         client = self.connections.get(connection_id)
         if client is None or not client.is_open:
             # A row left behind (its unregister failed): gone for good, so that the
             # run's process does not pick it again.
-            self.ledger.unregister(connection_id)
-            self.ledger.notify(sender, GONE, request_id, connection_id)
+            await self.ledger.unregister(connection_id)
+            await self.ledger.notify(sender, GONE, request_id, connection_id)
             return
-        step = self.ledger.step_by_request_id(request_id)
+        step = await self.ledger.step_by_request_id(request_id)
         if step is None:
             return
         if step.state != "pending":
             # Settled meanwhile (the page's result reached us for the run's previous
             # owner, say): nothing to run, but the run must wake.
-            self.ledger.notify(
+            await self.ledger.notify(
                 sender, SETTLED, request_id, step.execution_id, str(step.seq), "page"
             )
             return
@@ -548,39 +558,39 @@ class Hub:
         )
         self.browser.relay_invoke(sender, client, step, frame)
 
-    def _on_cancel(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_cancel(self, sender: str, args: tuple[str, ...]) -> None:
         connection_id, request_id, reason = args
         self.browser.relay_cancel(
             request_id, cast("CancelReason", reason), self.connections.get(connection_id)
         )
 
-    def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, execution_id, seq, how = args
         if how == "outside" and request_id:
             self.browser.remember_superseded(request_id)
         if sender == self.ledger.owner:
             return  # settled here: woken already
-        if not self.browser.settled_elsewhere(request_id, execution_id, int(seq), how):
+        if not await self.browser.settled_elsewhere(request_id, execution_id, int(seq), how):
             self.approvals.wake(execution_id, int(seq))  # an approval answered elsewhere
 
-    def _on_progress(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_progress(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, progress = args
         self.browser.progressed_elsewhere(sender, request_id, float(progress))
 
-    def _on_gone(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_gone(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, connection_id = args
         entry = self.browser.pending.get(request_id)
         if entry is not None:
             self._forget(entry.session)  # the connection may be one we still had
-        self.browser.gone_elsewhere(sender, request_id, connection_id)
+        await self.browser.gone_elsewhere(sender, request_id, connection_id)
 
-    def _on_registered(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_registered(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
             (session,) = args
             self._forget(session)
-            self.browser.registered_elsewhere(session)
+            await self.browser.registered_elsewhere(session)
 
-    def _on_unregistered(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_unregistered(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
             (session,) = args
             self._forget(session)
@@ -589,7 +599,7 @@ class Hub:
         if self.peers is not None:
             self.peers.forget(session)
 
-    def _on_reconnect(self) -> None:
+    async def _on_reconnect(self) -> None:
         """Notifications were lost while the bus was away: resync both sides from the rows.
 
         As the run's process: re-read the steps of our calls, deliver what waits.
@@ -599,26 +609,27 @@ class Hub:
         """
         if self.peers is not None:
             self.peers.refresh()
-        self.browser.resync()
-        for request_id, connection_id, owner in self.ledger.delivered_to(list(self.connections)):
+        await self.browser.resync()
+        delivered = await self.ledger.delivered_to(list(self.connections))
+        for request_id, connection_id, owner in delivered:
             if request_id not in self.browser.relayed and owner not in (None, self.ledger.owner):
-                self.ledger.notify(owner, GONE, request_id, connection_id)
+                await self.ledger.notify(owner, GONE, request_id, connection_id)
 
-    def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
-            self.browser.wake_expired(args)
+            await self.browser.wake_expired(args)
             self.approvals.wake_expired(args)
 
     # -- chat -------------------------------------------------------------------------
 
-    def start_run(self, client: Client, frame: SendFrame) -> None:
+    async def start_run(self, client: Client, frame: SendFrame) -> None:
         session = self._session(client.session)
         if frame.id in session.logs:
             client.send(_busy(frame))
             return
         request = RunRequest(frame.id, list(frame.messages))
         try:
-            execution = self.ledger.start_execution(
+            execution = await self.ledger.start_execution(
                 client.session, request.to_json(), self.clock.now(), chat_id=frame.id
             )
         except ChatBusy:  # it streams on another process
@@ -631,9 +642,9 @@ class Hub:
             return
         log = ChunkLog(frame.id)
         log.subscribe(frame.request_id, client.id, client.send, after=None)
-        self._launch(execution.id, client.session, request, log, fresh=True)
+        await self._launch(execution.id, client.session, request, log, fresh=True)
 
-    def _launch(
+    async def _launch(
         self,
         execution_id: str,
         session_name: str,
@@ -643,9 +654,9 @@ class Hub:
         fresh: bool = False,
     ) -> None:
         if log is None:
-            log = self._resumed_log(execution_id, request.chat_id)
+            log = await self._resumed_log(execution_id, request.chat_id)
         elif self.shared is not None:
-            self.shared.publish(execution_id, log)
+            await self.shared.publish(execution_id, log)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         run = Run(
@@ -658,7 +669,7 @@ class Hub:
         task = asyncio.create_task(self._drive(run, log, session_name))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
-    def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
+    async def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
         """The log of a run resumed here: on a shared ledger it goes on from the chunks
         published by the process that had it, so pages keep their sequence numbers."""
         if self.shared is None:
@@ -666,12 +677,12 @@ class Hub:
         published: list[Chunk] = []
         ended = False
         try:
-            published, ended = self.shared.published(execution_id)
+            published, ended = await self.shared.published(execution_id)
         except LedgerUnavailable as exc:
             logger.warning("run %s: its response so far could not be read: %s", execution_id, exc)
             ended = True  # publish nothing: it would number the response again from 0
         log = ChunkLog(chat_id, published)
-        self.shared.publish(execution_id, log, ended=ended, taken=True)
+        await self.shared.publish(execution_id, log, ended=ended, taken=True)
         return log
 
     async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
@@ -689,14 +700,17 @@ class Hub:
                 # the restarted server instead of seeing it end. Nor is it when
                 # another process took the run over: it goes on there.
                 if (not self._closing or run.aborted) and not run.lost:
-                    log.finish()  # while the lease is held: its end is written fenced
+                    log.finish()
                     self.finished.keep(session_name, log)
+                    if self.shared is not None:
+                        # While the lease is held: its end is written fenced.
+                        await self.shared.drained(run.execution_id)
                 elif run.lost and self.shared is not None:
-                    self.shared.lost(run.execution_id, session_name, log)
+                    await self.shared.lost(run.execution_id, session_name, log)
             finally:
                 self.ledger.release(run.execution_id)
 
-    def resume(self, client: Client, frame: ResumeFrame) -> None:
+    async def resume(self, client: Client, frame: ResumeFrame) -> None:
         """S7; and a resume that names ``lastSequence`` also reaches a response that just ended.
 
         Such a page was following the response and lost its socket (a server
@@ -711,7 +725,7 @@ class Hub:
         if log is None and self.shared is not None:
             # Not streaming here: the shared record knows where it streams (or
             # streamed: it keeps the ended ones for the grace too).
-            self.shared.resume(client, frame)
+            await self.shared.resume(client, frame)
             return
         if log is None and frame.last_sequence is not None:
             log = self.finished.get(client.session, frame.id)
@@ -720,14 +734,14 @@ class Hub:
             return
         log.subscribe(frame.request_id, client.id, client.send, after=frame.last_sequence)
 
-    def abort(self, client: Client, frame: AbortFrame) -> None:
+    async def abort(self, client: Client, frame: AbortFrame) -> None:
         for active in self.runs.values():
             if active.session == client.session and frame.request_id in active.log.request_ids:
                 active.run.aborted = True
                 active.task.cancel()
                 return
         if self.shared is not None:
-            self.shared.abort(client, frame)  # a response followed here, run elsewhere
+            await self.shared.abort(client, frame)  # a response followed here, run elsewhere
 
     def abort_run(self, execution_id: str) -> bool:
         """Abort a run of this process (a page aborted it on another one); False if none."""
@@ -738,14 +752,14 @@ class Hub:
         active.task.cancel()
         return True
 
-    def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
-        return self.browser.on_result(client, frame)
+    async def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
+        return await self.browser.on_result(client, frame)
 
-    def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
-        self.browser.on_progress(client, frame)
+    async def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
+        await self.browser.on_progress(client, frame)
 
-    def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
-        problem = self.approvals.on_approval(client, frame)
+    async def approve(self, client: Client, frame: ToolApprovalFrame) -> None:
+        problem = await self.approvals.on_approval(client, frame)
         if problem is not None:
             client.send(ProtocolErrorFrame(message=problem))
 
@@ -756,7 +770,7 @@ class SessionTools:
     def __init__(
         self,
         session: str,
-        specs: Callable[[str], dict[str, ToolSpec]],
+        specs: Callable[[str], Awaitable[dict[str, ToolSpec]]],
         browser: BrowserTools,
         approvals: Approvals,
     ) -> None:
@@ -765,14 +779,14 @@ class SessionTools:
         self._browser = browser
         self._approvals = approvals
 
-    def specs(self) -> dict[str, ToolSpec]:
-        return self._specs(self.session)
+    async def specs(self) -> dict[str, ToolSpec]:
+        return await self._specs(self.session)
 
     async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
         return await self._browser.call(self.session, step, call)
 
-    def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
-        return self._browser.start(self.session, step, call)
+    async def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
+        return await self._browser.start(self.session, step, call)
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self._approvals.wait(self.session, step, call)

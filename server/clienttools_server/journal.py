@@ -86,7 +86,7 @@ class DeliveredCall(Protocol):
         """Return once the step is no longer pending: the settled step, or None."""
         ...
 
-    def abandon(self) -> None:
+    async def abandon(self) -> None:
         """Release the call if ``wait`` never ran."""
         ...
 
@@ -94,8 +94,11 @@ class DeliveredCall(Protocol):
 class PageCalls(Protocol):
     """How a run reaches the pages of its session: the browser-call proxy and approvals."""
 
-    def start_client_tool(self, step: Step, call: ToolCall) -> DeliveredCall:
-        """Deliver the call of a pending ``client`` step now; wait for it later."""
+    async def start_client_tool(self, step: Step, call: ToolCall) -> DeliveredCall:
+        """Deliver the call of a pending ``client`` step now; wait for it later.
+
+        Inside a ledger batch the invoke leaves once the batch has committed.
+        """
         ...
 
     async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
@@ -156,16 +159,16 @@ class RunJournal:
         emit: Emit,
         clock: Callable[[], float],
         *,
-        fresh: bool,
+        recorded: Sequence[Step] = (),
     ) -> None:
         self.execution_id = execution_id
         self.ledger = ledger
         self.pages = pages
         self.emit = emit
         self.clock = clock
-        # The steps the ledger held when the run started: any other seq has no
-        # record (only this run adds steps to its execution), so it is not read.
-        recorded = [] if fresh else ledger.steps(execution_id)
+        # The steps the ledger held when the run started (none for a fresh one):
+        # any other seq has no record (only this run adds steps to its
+        # execution), so it is not read.
         self._recorded = frozenset(s.seq for s in recorded)
         self.recorded_client_tools = frozenset(
             s.name for s in recorded if s.kind == "tool" and s.resolution == "client"
@@ -194,7 +197,7 @@ class RunJournal:
         self._seq += 1
         return seq
 
-    def begin_model_step(self, name: str, messages: Sequence[ModelMessage]) -> ModelStep:
+    async def begin_model_step(self, name: str, messages: Sequence[ModelMessage]) -> ModelStep:
         step_input = canonical_json({"step": self._model_steps, "messages": digest(messages)})
         self._model_steps += 1
         seq = self._next_seq()
@@ -202,7 +205,7 @@ class RunJournal:
         self.held = None
         if seq not in self._recorded:
             return ModelStep(seq, step_input, None)
-        step = self.ledger.record_step(
+        step = await self.ledger.record_step(
             self.execution_id, seq, "model", name, step_input, "server", self.clock()
         )
         if step.state == "applied":
@@ -211,7 +214,7 @@ class RunJournal:
             raise RunFailed(f"model step {step.seq} was recorded as {step.state}")
         return ModelStep(seq, step_input, None, pending=True)
 
-    def record_answer(self, name: str, step: ModelStep, response: ModelResponse) -> None:
+    async def record_answer(self, name: str, step: ModelStep, response: ModelResponse) -> None:
         """Record the answer (unless replayed) and plan and deliver the calls it asks for."""
         calls = [
             ToolCall(p.tool_call_id, p.tool_name, call_input(p))
@@ -221,19 +224,20 @@ class RunJournal:
             and p.tool_name not in self.output_tools
         ]
         planned: list[PlannedCall] = []
-        # No await in here: the chunks and invokes queued leave after the commit.
-        with self.ledger.batch():
-            try:
+        # The chunks held and the invokes leave once the batch has committed.
+        try:
+            async with self.ledger.batch():
                 if step.recorded is None:
-                    self._write_answer(name, step)
+                    await self._write_answer(name, step)
                 for call in calls:
-                    planned.append(self._plan(call))
-            finally:
-                self.release_held()
-            for p in planned:
-                self.planned[p.call.tool_call_id] = p
-                if p.deliver_now:
-                    p.started = self.pages.start_client_tool(p.tool, p.call)
+                    planned.append(await self._plan(call))
+                self.ledger.after_commit(self.release_held)
+                for p in planned:
+                    self.planned[p.call.tool_call_id] = p
+                    if p.deliver_now:
+                        p.started = await self.pages.start_client_tool(p.tool, p.call)
+        finally:
+            self.release_held()
 
     def hold(self, chunk: Chunk) -> None:
         """Emit ``chunk`` now, or keep it for after the step is recorded (see ``held``)."""
@@ -247,15 +251,17 @@ class RunJournal:
         for chunk in held:
             self.emit(chunk)
 
-    def _write_answer(self, name: str, step: ModelStep) -> None:
+    async def _write_answer(self, name: str, step: ModelStep) -> None:
         result_json = canonical_json({"events": list(self.events)})
         if step.pending:
-            outcome = self.ledger.resolve(self.execution_id, step.seq, result_json, self.clock())
+            outcome = await self.ledger.resolve(
+                self.execution_id, step.seq, result_json, self.clock()
+            )
             if not outcome.ok:
                 raise RunFailed(f"the model's answer could not be recorded: {outcome.message}")
             return
         try:
-            self.ledger.record_step(
+            await self.ledger.record_step(
                 self.execution_id, step.seq, "model", name, step.input_json, "server",
                 self.clock(), result_json=result_json,
             )  # fmt: skip
@@ -264,11 +270,11 @@ class RunJournal:
 
     # -- tool steps ------------------------------------------------------------------
 
-    def _plan(self, call: ToolCall) -> PlannedCall:
+    async def _plan(self, call: ToolCall) -> PlannedCall:
         """Record the call's steps in call order, so parallel calls get stable seqs."""
         input_json = canonical_json(call.input)
         seq = self._next_seq()
-        recorded = self._recorded_step(seq)
+        recorded = await self._recorded_step(seq)
         known = self.catalog.get(call.tool_name)
         if recorded is not None:
             needs_approval = recorded.resolution == "approval"
@@ -276,39 +282,39 @@ class RunJournal:
             needs_approval = known is not None and known[1]
         approval: Step | None = None
         if needs_approval:
-            approval = self.ledger.record_step(
+            approval = await self.ledger.record_step(
                 self.execution_id, seq, "tool", approval_name(call.tool_name), input_json,
                 "approval", self.clock(),
             )  # fmt: skip
             seq = self._next_seq()
-            recorded = self._recorded_step(seq)
+            recorded = await self._recorded_step(seq)
         resolution: Resolution | None
         if recorded is not None:
             resolution = recorded.resolution
         else:
             resolution = known[0] if known is not None else None
         request_id = new_request_id() if resolution == "client" else None
-        tool = self.ledger.record_step(
+        tool = await self.ledger.record_step(
             self.execution_id, seq, "tool", call.tool_name, input_json,
             resolution or "server", self.clock(), request_id,
         )  # fmt: skip
         if resolution is None and tool.state == "pending":
-            self._reject(tool, "unknown_tool", f"there is no tool named {call.tool_name!r}")
-            tool = self._reload(tool)
+            await self._reject(tool, "unknown_tool", f"there is no tool named {call.tool_name!r}")
+            tool = await self._reload(tool)
         return PlannedCall(call, approval, tool)
 
-    def _recorded_step(self, seq: int) -> Step | None:
+    async def _recorded_step(self, seq: int) -> Step | None:
         if seq not in self._recorded:
             return None
-        return self.ledger.get_step(self.execution_id, seq)
+        return await self.ledger.get_step(self.execution_id, seq)
 
-    def _reload(self, step: Step) -> Step:
-        fresh = self.ledger.get_step(step.execution_id, step.seq)
+    async def _reload(self, step: Step) -> Step:
+        fresh = await self.ledger.get_step(step.execution_id, step.seq)
         assert fresh is not None
         return fresh
 
-    def _reject(self, step: Step, code: str, message: str) -> None:
-        self.ledger.reject(
+    async def _reject(self, step: Step, code: str, message: str) -> None:
+        await self.ledger.reject(
             step.execution_id, step.seq, canonical_json({"code": code, "message": message}),
             self.clock(),
         )  # fmt: skip
@@ -336,7 +342,7 @@ class RunJournal:
         )
         if approval.state == "pending":
             await self.pages.await_approval(approval, call)
-            approval = planned.approval = self._reload(approval)
+            approval = planned.approval = await self._reload(approval)
         verdict = approval.result() if approval.state == "applied" else None
         if isinstance(verdict, dict) and verdict.get("approved") is True:
             return
@@ -345,8 +351,8 @@ class RunJournal:
             error = approval.error() or {}
             reason = str(error.get("message", "the approval was not given"))
         if planned.tool.state == "pending":
-            self._reject(planned.tool, "denied", str(reason or "the user denied this call"))
-            planned.tool = self._reload(planned.tool)
+            await self._reject(planned.tool, "denied", str(reason or "the user denied this call"))
+            planned.tool = await self._reload(planned.tool)
 
     async def run_client(self, planned: PlannedCall) -> Step:
         """The settled step of a browser call: delivered, and waited for, through the proxy."""
@@ -357,7 +363,7 @@ class RunJournal:
                 settled = await planned.started.wait()
             else:
                 settled = await self.pages.run_client_tool(tool, planned.call)
-            tool = planned.tool = settled if settled is not None else self._reload(tool)
+            tool = planned.tool = settled if settled is not None else await self._reload(tool)
         return tool
 
     async def run_server(self, planned: PlannedCall, run: Callable[[], Awaitable[Any]]) -> Step:
@@ -368,50 +374,50 @@ class RunJournal:
         try:
             output = await run()
         except ToolFailure as exc:
-            self._reject(step, exc.code, exc.message)
+            await self._reject(step, exc.code, exc.message)
         except ModelRetry as exc:
-            self._reject(step, RETRY, exc.message)
+            await self._reject(step, RETRY, exc.message)
         except ToolFailed as exc:
-            self._reject(step, "tool_error", exc.message)
+            await self._reject(step, "tool_error", exc.message)
         except Exception:
             logger.exception("server tool %s failed", name)
-            self._reject(step, "tool_error", f"the server tool {name!r} failed")
+            await self._reject(step, "tool_error", f"the server tool {name!r} failed")
         else:
             if isinstance(output, ToolDenied):
-                self._reject(step, "denied", output.message)
+                await self._reject(step, "denied", output.message)
             else:
-                self._record_output(step, output)
-        planned.tool = self._reload(step)
+                await self._record_output(step, output)
+        planned.tool = await self._reload(step)
         return planned.tool
 
-    def _record_output(self, step: Step, output: object) -> None:
+    async def _record_output(self, step: Step, output: object) -> None:
         try:
             result_json = canonical_json(to_jsonable_python(output))
         except ValueError as exc:
-            self._reject(step, "invalid_output", f"the output is not JSON: {exc}")
+            await self._reject(step, "invalid_output", f"the output is not JSON: {exc}")
             return
-        outcome = self.ledger.resolve(step.execution_id, step.seq, result_json, self.clock())
+        outcome = await self.ledger.resolve(step.execution_id, step.seq, result_json, self.clock())
         if not outcome.ok:
             # Too large or not JSON: tell the model in words it can act on.
             code = "output_too_large" if outcome.reason == "too_large" else "invalid_output"
-            self._reject(step, code, outcome.message)
+            await self._reject(step, code, outcome.message)
 
-    def release_uncalled(self) -> None:
+    async def release_uncalled(self) -> None:
         """After a tool step: settle what pydantic-ai did not call (invalid arguments, say)."""
-        self.abandon_started()
+        await self.abandon_started()
         for planned in self.planned.values():
             if not planned.called and planned.tool.state == "pending":
-                self._reject(planned.tool, "not_called", "the call was not made")
+                await self._reject(planned.tool, "not_called", "the call was not made")
         self.planned.clear()
 
-    def abandon_started(self) -> None:
+    async def abandon_started(self) -> None:
         """Release delivered calls nobody waits for (a no-op for those that were awaited)."""
-        for planned in self.planned.values():
+        for planned in list(self.planned.values()):
             if planned.started is not None:
-                planned.started.abandon()
+                await planned.started.abandon()
 
-    def check_alive(self) -> None:
-        execution = self.ledger.get_execution(self.execution_id)
+    async def check_alive(self) -> None:
+        execution = await self.ledger.get_execution(self.execution_id)
         if execution is not None and execution.status == "expired":
             raise RunFailed("this run waited longer than its time to live and expired")
 
@@ -501,7 +507,7 @@ class JournaledModel(WrapperModel):
     ) -> AsyncIterator[StreamedResponse]:
         journal, name = self.journal, self.model_name
         journal.output_tools = {t.name for t in model_request_parameters.output_tools}
-        step = journal.begin_model_step(name, messages)
+        step = await journal.begin_model_step(name, messages)
         if step.recorded is not None:
             replay = FunctionModel(stream_function=_replay_stream(step.recorded), model_name=name)
             async with replay.request_stream(
@@ -517,7 +523,7 @@ class JournaledModel(WrapperModel):
                     yield response
             finally:
                 journal.answering = None
-        journal.record_answer(name, step, response.get())
+        await journal.record_answer(name, step, response.get())
 
     async def request(self, *args: Any, **kwargs: Any) -> ModelResponse:
         raise RunFailed("the run asked for an unrecorded model request")

@@ -32,9 +32,11 @@ database without blocking the event loop). Example::
 
     async with SqliteLedger("ledger.sqlite3") as ledger:
         run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
-        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", time.time())
-        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', time.time())
-        assert outcome.ok and (await ledger.get_step(run.id, 0)).result() == {"lat": 52.5, "lon": 13.4}
+        now = time.time()
+        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now)
+        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', now)
+        stored = await ledger.get_step(run.id, 0)
+        assert outcome.ok and stored.result() == {"lat": 52.5, "lon": 13.4}
 """
 
 from __future__ import annotations
@@ -535,7 +537,9 @@ class Ledger(Protocol):
         """Is the connection registered on a live process?"""
         ...
 
-    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
         """(request id, connection, run's owner) of each pending call last invoked on one."""
         ...
 
@@ -543,7 +547,9 @@ class Ledger(Protocol):
         """Record the tool call id a pending approval step is answered by."""
         ...
 
-    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
         """The session's pending approval step answered by ``tool_call_id``, and its run's owner."""
         ...
 
@@ -610,7 +616,9 @@ class Ledger(Protocol):
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]: ...
 
-    async def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome: ...
+    async def resolve(
+        self, execution_id: str, seq: int, result_json: str, now: float
+    ) -> Outcome: ...
 
     async def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome: ...
 
@@ -909,13 +917,17 @@ class SqliteLedger:
     async def registered(self, connection_id: str, now: float) -> bool:
         return connection_id in self._registrations
 
-    async def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
         return []  # one process knows where its invokes went: nothing is recorded
 
     async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
         pass  # one process: the approval waits in its memory, by tool call id
 
-    async def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
         return None
 
     # the bus: one process, nobody to tell

@@ -43,7 +43,7 @@ from .server_tools import ANY_ARGS, MAX_RETRIES
 class PageTools(Protocol):
     """The tools of one session's pages, live or remembered (S2)."""
 
-    def specs(self) -> Mapping[str, ToolSpec]: ...
+    async def specs(self) -> Mapping[str, ToolSpec]: ...
 
 
 class PageToolset(AbstractToolset[Any]):
@@ -58,8 +58,8 @@ class PageToolset(AbstractToolset[Any]):
     def id(self) -> str:
         return "clienttools-page-tools"
 
-    def tool_definitions(self) -> list[ToolDefinition]:
-        specs = dict(self.pages.specs())
+    async def tool_definitions(self) -> list[ToolDefinition]:
+        specs = dict(await self.pages.specs())
         definitions = [definition(spec) for spec in specs.values()]
         # A call recorded before a restart still names its tool, registered again or not.
         for name in sorted(self.journal.recorded_client_tools - specs.keys()):
@@ -77,7 +77,7 @@ class PageToolset(AbstractToolset[Any]):
             d.name: ToolsetTool(
                 toolset=self, tool_def=d, max_retries=MAX_RETRIES, args_validator=ANY_ARGS
             )
-            for d in self.tool_definitions()
+            for d in await self.tool_definitions()
         }
 
     async def call_tool(

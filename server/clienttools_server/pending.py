@@ -6,11 +6,12 @@ settles one. What the HTTP routes (:mod:`clienttools_server.routes`) call;
 each operation never raises, and only an ``applied`` answer changes the ledger.
 
     pending = app.state.pending                       # or server.pending (running_server)
-    [execution] = pending.executions(status="paused", session="demo")
+    [execution] = await pending.executions(status="paused", session="demo")
     step = execution["pending"][0]
-    answer = pending.resolve(execution["executionId"], step["seq"], {"lat": 52.5})
+    answer = await pending.resolve(execution["executionId"], step["seq"], {"lat": 52.5})
     answer.outcome, answer.status                     # ("applied", 200)
-    pending.resolve(execution["executionId"], step["seq"], {"lat": 0}).outcome  # "duplicate"
+    again = await pending.resolve(execution["executionId"], step["seq"], {"lat": 0})
+    again.outcome                                     # "duplicate"
 
 An execution is ``paused`` while it waits for a ``client`` or ``approval``
 step (the ledger keeps such a run as running); ``running`` otherwise, until
@@ -128,7 +129,7 @@ def _answerable(steps: Iterable[Step]) -> list[Step]:
 class PendingCalls:
     """The executions of one server and their pending steps, settled from outside.
 
-    Every method is synchronous and never raises on what a caller sends (an
+    Every method is a coroutine and never raises on what a caller sends (an
     unknown id, a settled step, an output that breaks the tool's
     outputSchema): it answers. ``resolve`` settles a ``client`` step with an
     output, checked by the same function as a page's result (size, the
@@ -145,7 +146,7 @@ class PendingCalls:
 
     # -- reading ------------------------------------------------------------------------
 
-    def executions(
+    async def executions(
         self,
         status: str | None = None,
         session: str | None = None,
@@ -171,15 +172,15 @@ class PendingCalls:
             statuses = unfinished
         else:
             statuses = (status,)
-        found = self.ledger.executions(statuses, session)
+        found = await self.ledger.executions(statuses, session)
         waiting: dict[str, list[Step]] = {}
-        for step in _answerable(self.ledger.pending_steps(session=session)):
+        for step in _answerable(await self.ledger.pending_steps(session=session)):
             waiting.setdefault(step.execution_id, []).append(step)
         found.sort(key=lambda e: (e.created_at, e.id), reverse=True)
         if before is not None:
             keys = [e.id for e in found]
             if before not in keys:
-                cursor = self.ledger.get_execution(before)
+                cursor = await self.ledger.get_execution(before)
                 if cursor is None:
                     raise InvalidQuery(f"no execution {before[:64]!r} to page from")
                 found = [e for e in found if (e.created_at, e.id) < (cursor.created_at, cursor.id)]
@@ -194,12 +195,12 @@ class PendingCalls:
                     break
         return listed
 
-    def execution(self, execution_id: str) -> dict[str, JsonValue] | None:
+    async def execution(self, execution_id: str) -> dict[str, JsonValue] | None:
         """One execution as listed, plus ``steps``: every recorded step in seq order."""
-        execution = self.ledger.get_execution(execution_id)
+        execution = await self.ledger.get_execution(execution_id)
         if execution is None:
             return None
-        steps = self.ledger.steps(execution_id)
+        steps = await self.ledger.steps(execution_id)
         view = self._execution_json(execution, _answerable(steps))
         view["steps"] = [_step_json(step) for step in steps]
         return view
@@ -220,41 +221,41 @@ class PendingCalls:
 
     # -- settling -----------------------------------------------------------------------
 
-    def resolve(self, execution_id: str, seq: int, output: JsonValue) -> Answer:
+    async def resolve(self, execution_id: str, seq: int, output: JsonValue) -> Answer:
         """Settle a pending ``client`` step with ``output``."""
-        return self._settle(execution_id, seq, "client", Settlement(output=output))
+        return await self._settle(execution_id, seq, "client", Settlement(output=output))
 
-    def approve(
+    async def approve(
         self, execution_id: str, seq: int, approved: bool, reason: str | None = None
     ) -> Answer:
         """Answer a pending ``approval`` step: the call runs (approved) or is denied."""
         verdict: dict[str, JsonValue] = {"approved": approved}
         if reason is not None:
             verdict["reason"] = reason
-        return self._settle(execution_id, seq, "approval", Settlement(output=verdict))
+        return await self._settle(execution_id, seq, "approval", Settlement(output=verdict))
 
-    def reject(
+    async def reject(
         self, execution_id: str, seq: int, message: str, code: str = DEFAULT_REJECT_CODE
     ) -> Answer:
         """Settle a pending ``client`` or ``approval`` step with an error the model reads.
 
         A rejected approval denies the call, with ``message`` as the reason.
         """
-        return self._settle(execution_id, seq, None, Settlement.failure(code, message))
+        return await self._settle(execution_id, seq, None, Settlement.failure(code, message))
 
-    def find_step(self, execution_id: str, seq: int) -> Step | Answer:
+    async def find_step(self, execution_id: str, seq: int) -> Step | Answer:
         """The step, or the ``not_found`` answer that names what is missing."""
-        if self.ledger.get_execution(execution_id) is None:
+        if await self.ledger.get_execution(execution_id) is None:
             return Answer("not_found", f"no execution {execution_id[:64]!r}")
-        step = self.ledger.get_step(execution_id, seq)
+        step = await self.ledger.get_step(execution_id, seq)
         if step is None:
             return Answer("not_found", f"no step {seq} in execution {execution_id}")
         return step
 
-    def _settle(
+    async def _settle(
         self, execution_id: str, seq: int, kind: Resolution | None, settlement: Settlement
     ) -> Answer:
-        step = self.find_step(execution_id, seq)
+        step = await self.find_step(execution_id, seq)
         if isinstance(step, Answer):
             return step
         if kind is not None and step.resolution != kind:
@@ -270,7 +271,7 @@ class PendingCalls:
                 f"step {seq} of execution {execution_id} is a {step.kind} step the server "
                 "settles itself; only client and approval steps can be settled from outside",
             )
-        return _answer(self.hub.settle(execution_id, seq, settlement))
+        return _answer(await self.hub.settle(execution_id, seq, settlement))
 
 
 def _answer(applied: Applied) -> Answer:

@@ -17,9 +17,14 @@ from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
 which checks it against the outputSchema recorded with the ledger step.
 
     tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
-    await tools.call("chat-1", step, call)     # returns once the step is settled
-    peer.send(tools.on_result(peer, frame))    # the ack for a result frame
-    tools.apply(step, Settlement(output=3), by_page=False).outcome   # "applied"
+    await tools.call("chat-1", step, call)           # returns once the step is settled
+    peer.send(await tools.on_result(peer, frame))    # the ack for a result frame
+    (await tools.apply(step, Settlement(output=3), by_page=False)).outcome   # "applied"
+
+Every method that reads or writes the ledger is a coroutine. What happens in
+one of them between two awaits is atomic, as on the event loop; across an
+await another frame, timer or notification may have moved the call on, so
+each checks the entry again before it acts on it (``settled``, ``target``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import asyncio
 import enum
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, cast
 
@@ -62,6 +67,7 @@ from .ledger import (
 )
 from .routing import RemotePeer
 from .schema import OutputSchemas
+from .tasks import Background
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +168,7 @@ class Peer(Protocol):
     def tool_spec(self, name: str) -> ToolSpec | None: ...
 
 
-FindPeer = Callable[[str, str], Peer | None]
+FindPeer = Callable[[str, str], Awaitable[Peer | None]]
 
 
 @dataclass(eq=False, slots=True)
@@ -273,9 +279,9 @@ class StartedCall:
         """Return once settled: the settled step, or None when it was settled from outside."""
         return await self.tools._wait(self.entry)
 
-    def abandon(self) -> None:
+    async def abandon(self) -> None:
         """Release the call if ``wait`` never ran (a no-op otherwise)."""
-        self.tools._abandon(self.entry)
+        await self.tools._abandon(self.entry)
 
 
 def _on_process(peer: Peer | None, process_id: str) -> bool:
@@ -313,11 +319,16 @@ def _recorded_schema(step: Step) -> dict[str, JsonValue] | None:
     return cast("dict[str, JsonValue]", schema) if isinstance(schema, dict) else None
 
 
-FindSpec = Callable[[str, str], ToolSpec | None]
+FindSpec = Callable[[str, str], Awaitable[ToolSpec | None]]
 
 
-def _no_spec(session: str, name: str) -> ToolSpec | None:
+async def _no_spec(session: str, name: str) -> ToolSpec | None:
     return None
+
+
+async def _is_open(peer: Peer) -> bool:
+    """Is the peer there? A remote one is asked (a read), a local one knows."""
+    return await peer.check() if isinstance(peer, RemotePeer) else peer.is_open
 
 
 class BrowserTools:
@@ -350,6 +361,8 @@ class BrowserTools:
         self.handed_over: set[str] = set()
         # Invokes relayed to this process's connections for runs on other processes.
         self.relayed: dict[str, Relay] = {}
+        # Timeouts firing: each settles its call in the ledger, so it is a task.
+        self.background = Background("browser calls")
 
     @property
     def timer_count(self) -> int:
@@ -364,12 +377,12 @@ class BrowserTools:
         caller reads it from the ledger).
         """
         self._check_new(step)
-        fresh = self.ledger.get_step(step.execution_id, step.seq)
+        fresh = await self.ledger.get_step(step.execution_id, step.seq)
         if fresh is None or fresh.state != "pending":
             # Settled between the run's planning and this call (Hub.resolve, an
             # outbox result after a restart, expiry): nothing to deliver.
             return fresh
-        return await self.start(session, fresh, call).wait()
+        return await (await self.start(session, fresh, call)).wait()
 
     def _check_new(self, step: Step) -> None:
         if step.request_id is None:
@@ -377,13 +390,13 @@ class BrowserTools:
         if step.request_id in self.pending:
             raise RuntimeError(f"request {step.request_id} is already pending")
 
-    def start(self, session: str, step: Step, call: ToolCall) -> StartedCall:
+    async def start(self, session: str, step: Step, call: ToolCall) -> StartedCall:
         """Register the call of a pending step and deliver it now, without waiting.
 
-        For a run that records a step and delivers it in one synchronous
-        stretch (one ledger batch, whose commit then precedes the invoke on
-        the wire). The returned call's ``wait`` returns once it is settled; its
-        ``abandon`` releases it when its waiter never ran.
+        For a run that records a step and delivers it in one ledger batch: the
+        attempt is part of the batch, and the invoke leaves once it committed
+        (``after_commit``). The returned call's ``wait`` returns once it is
+        settled; its ``abandon`` releases it when its waiter never ran.
         """
         self._check_new(step)
         assert step.request_id is not None
@@ -394,14 +407,14 @@ class BrowserTools:
         )  # fmt: skip
         self.pending[entry.request_id] = entry
         try:
-            self._record_spec(entry, step)
-            self._deliver(entry)
+            await self._record_spec(entry, step)
+            await self._deliver(entry)
         except BaseException:
             self._release(entry)
             raise
         return StartedCall(self, entry)
 
-    def _record_spec(
+    async def _record_spec(
         self, entry: PendingCall, step: Step | None, spec: ToolSpec | None = None
     ) -> None:
         """Take the step's recorded spec, or record the one the session knows now."""
@@ -409,11 +422,12 @@ class BrowserTools:
             entry.output_schema = _recorded_schema(step)
             entry.spec_recorded = True
             return
-        spec = spec if spec is not None else self.find_spec(entry.session, entry.call.tool_name)
+        if spec is None:
+            spec = await self.find_spec(entry.session, entry.call.tool_name)
         if spec is None:
             return
         wire = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-        self.ledger.record_spec(entry.execution_id, entry.seq, canonical_json(wire))
+        await self.ledger.record_spec(entry.execution_id, entry.seq, canonical_json(wire))
         entry.output_schema = spec.output_schema
         entry.spec_recorded = True
 
@@ -424,25 +438,27 @@ class BrowserTools:
             return entry.settled_step
         except asyncio.CancelledError:
             if not entry.settled:
-                self._on_cancelled(entry)
+                await self._on_cancelled(entry)
             raise
         finally:
             self._release(entry)
 
-    def _abandon(self, entry: PendingCall) -> None:
+    async def _abandon(self, entry: PendingCall) -> None:
         # Its waiter was cancelled before it ran: settle it as _wait would have.
         if entry.awaited or self.pending.get(entry.request_id) is not entry:
             return
-        if not entry.settled:
-            self._on_cancelled(entry)
-        self._release(entry)
+        try:
+            if not entry.settled:
+                await self._on_cancelled(entry)
+        finally:
+            self._release(entry)
 
     def _release(self, entry: PendingCall) -> None:
         self._stop_timers(entry)
         if self.pending.get(entry.request_id) is entry:
             del self.pending[entry.request_id]
 
-    def _on_cancelled(self, entry: PendingCall) -> None:
+    async def _on_cancelled(self, entry: PendingCall) -> None:
         if entry.execution_id in self.handed_over:
             # The run goes on in another process, which delivers the call again:
             # the page must not cancel the tool, and this process writes nothing.
@@ -456,7 +472,7 @@ class BrowserTools:
             return
         lost = False
         try:
-            self.ledger.reject(
+            await self.ledger.reject(
                 entry.execution_id, entry.seq,
                 _error_json("cancelled", "the response was aborted before this call finished"),
                 self.clock.now(),
@@ -467,7 +483,7 @@ class BrowserTools:
             lost = True
             self.handed_over.add(entry.execution_id)
         finally:
-            if not lost:
+            if not lost and not entry.settled:
                 self._send_cancel(entry, "aborted")
                 entry.move(CallEvent.SERVER)
 
@@ -475,15 +491,17 @@ class BrowserTools:
         if entry.target is not None and entry.target.is_open:
             entry.target.send(CancelFrame(request_id=entry.request_id, reason=reason))
 
-    def _deliver(self, entry: PendingCall) -> None:
-        peer = self.find_peer(entry.session, entry.call.tool_name)
+    async def _deliver(self, entry: PendingCall) -> None:
+        peer = await self.find_peer(entry.session, entry.call.tool_name)
+        if entry.settled:
+            return  # settled while the registrations were read
         if peer is None:
             entry.target = None  # waits for the next connection that registers the tool
             entry.move(CallEvent.NO_PAGE)
             return
         spec = peer.tool_spec(entry.call.tool_name)
         if not entry.spec_recorded:
-            self._record_spec(entry, None, spec)
+            await self._record_spec(entry, None, spec)
         wanted = (
             spec.timeout_ms / 1000
             if spec is not None and spec.timeout_ms
@@ -493,27 +511,31 @@ class BrowserTools:
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
         entry.move(CallEvent.DELIVER)
         entry.last_progress = None
-        entry.attempt = self.ledger.add_attempt(
+        attempt = await self.ledger.add_attempt(
             entry.execution_id, entry.seq, self.clock.now(),
             target_connection=peer.id, target_client_id=peer.client_id,
         )  # fmt: skip
-        peer.send(
-            InvokeFrame(
-                request_id=entry.request_id,
-                tool_call_id=entry.call.tool_call_id,
-                tool_name=entry.call.tool_name,
-                input=entry.call.input,
-                # The client enforces the hard cap; the server's idle clock,
-                # which progress restarts, usually fires first.
-                timeout_ms=round(self.config.max_tool_timeout * 1000),
-                attempt=entry.attempt,
-            )
+        if entry.settled or entry.target is not peer:
+            return  # settled, or delivered elsewhere, while the attempt was written
+        entry.attempt = attempt
+        frame = InvokeFrame(
+            request_id=entry.request_id,
+            tool_call_id=entry.call.tool_call_id,
+            tool_name=entry.call.tool_name,
+            input=entry.call.input,
+            # The client enforces the hard cap; the server's idle clock,
+            # which progress restarts, usually fires first.
+            timeout_ms=round(self.config.max_tool_timeout * 1000),
+            attempt=attempt,
         )
+        # Inside the run's batch: once the attempt (and the step) are committed.
+        self.ledger.after_commit(lambda: peer.send(frame))
         self._stop_timers(entry)
-        entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
-        entry.hard_timer = self.clock.call_later(
-            self.config.max_tool_timeout, self._time_out, entry
-        )
+        entry.idle_timer = self._timer(entry.idle_timeout, entry)
+        entry.hard_timer = self._timer(self.config.max_tool_timeout, entry)
+
+    def _timer(self, delay: float, entry: PendingCall) -> Timer:
+        return self.clock.call_later(delay, self.background.call, self._time_out, entry)
 
     @staticmethod
     def _stop_timers(entry: PendingCall) -> None:
@@ -522,11 +544,11 @@ class BrowserTools:
                 timer.cancel()
         entry.idle_timer = entry.hard_timer = None
 
-    def _time_out(self, entry: PendingCall) -> None:
+    async def _time_out(self, entry: PendingCall) -> None:
         if entry.settled:
             return
         limit = entry.idle_timeout
-        self._close(
+        closed = await self._close(
             entry,
             _error_json(
                 "timeout",
@@ -536,22 +558,31 @@ class BrowserTools:
             ),
         )
         # Only once the timeout is recorded: one the ledger could not take did not happen.
-        self._send_cancel(entry, "timeout")
+        if closed:
+            self._send_cancel(entry, "timeout")
 
-    def _close(self, entry: PendingCall, error_json: str | None) -> None:
-        """The server settles the call without a result (None: the ledger already did)."""
+    async def _close(self, entry: PendingCall, error_json: str | None) -> bool:
+        """The server settles the call without a result (None: the ledger already did).
+
+        False if something else settled it first (while the ledger was written).
+        """
         if error_json is not None:
             # Recorded first: if the ledger cannot be reached (it raises), the call
             # stays as it was, pending, so the page's result still counts.
-            outcome = self.ledger.reject(
+            outcome = await self.ledger.reject(
                 entry.execution_id, entry.seq, error_json, self.clock.now()
             )
+            if entry.settled:
+                return False  # a result won meanwhile: the ledger refused this one
             if outcome.ok:
                 entry.settled_step = outcome.step
+        if entry.settled:
+            return False
         entry.move(CallEvent.SERVER)
         self._stop_timers(entry)
         if not entry.future.done():
             entry.future.set_result(None)
+        return True
 
     def _settled(self, entry: PendingCall, step: Step | None, event: CallEvent) -> None:
         """The ledger step of a live entry was settled by ``event``: wake its run."""
@@ -581,7 +612,7 @@ class BrowserTools:
 
     # -- applying a result: the one path for every source -------------------------------
 
-    def apply(self, step: Step, settlement: Settlement, *, by_page: bool) -> Applied:
+    async def apply(self, step: Step, settlement: Settlement, *, by_page: bool) -> Applied:
         """Apply ``settlement`` to ``step``: the one path every result takes.
 
         A page's result (live, or re-delivered to a restarted server) comes
@@ -604,20 +635,20 @@ class BrowserTools:
             if problem is not None:
                 code, message = problem
                 if by_page:
-                    self._refused_by_page(step, entry, _error_json(code, message))
+                    await self._refused_by_page(step, entry, _error_json(code, message))
                 reason: OutcomeReason = "too_large" if code == "output_too_large" else "invalid"
                 return Applied("invalid", reason, message, step)
             try:
                 result_json = canonical_json(settlement.output)
             except ValueError as exc:
                 return Applied("invalid", "invalid", f"the output is not JSON: {exc}", step)
-            outcome = self.ledger.resolve(step.execution_id, step.seq, result_json, now)
+            outcome = await self.ledger.resolve(step.execution_id, step.seq, result_json, now)
         else:
             try:
                 error_json = canonical_json(settlement.error)
             except ValueError as exc:
                 return Applied("invalid", "invalid", f"the error is not JSON: {exc}", step)
-            outcome = self.ledger.reject(step.execution_id, step.seq, error_json, now)
+            outcome = await self.ledger.reject(step.execution_id, step.seq, error_json, now)
         if not outcome.ok:
             if outcome.reason == "not_pending" and outcome.step is not None:
                 return self._late(outcome.step, settlement, by_page=by_page, entry=entry)
@@ -625,7 +656,9 @@ class BrowserTools:
                 return Applied("stale", "not_found", outcome.message)
             if by_page and settlement.error is None:
                 # Over the stored-size limit: the model reads why instead.
-                self._refused_by_page(step, entry, _error_json("output_too_large", outcome.message))
+                await self._refused_by_page(
+                    step, entry, _error_json("output_too_large", outcome.message)
+                )
                 return Applied("invalid", outcome.reason, "the result is too large to be stored")
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
         if not by_page:
@@ -634,8 +667,12 @@ class BrowserTools:
             self._settled(entry, outcome.step, CallEvent.RESULT if by_page else CallEvent.OUTSIDE)
         return Applied("applied", "applied", outcome.message, outcome.step)
 
-    def _refused_by_page(self, step: Step, entry: PendingCall | None, error_json: str) -> None:
-        outcome = self.ledger.reject(step.execution_id, step.seq, error_json, self.clock.now())
+    async def _refused_by_page(
+        self, step: Step, entry: PendingCall | None, error_json: str
+    ) -> None:
+        outcome = await self.ledger.reject(
+            step.execution_id, step.seq, error_json, self.clock.now()
+        )
         if outcome.ok and entry is not None:
             self._settled(entry, outcome.step, CallEvent.RESULT)
 
@@ -684,40 +721,42 @@ class BrowserTools:
                 )
         return None
 
-    def wake(self, execution_id: str, seq: int) -> bool:
+    async def wake(self, execution_id: str, seq: int) -> bool:
         """The ledger step was settled from outside this proxy; release its call.
 
         ``Hub.resolve`` goes through :meth:`apply`, which does this itself;
         this is for a step settled in the ledger directly.
         """
-        for entry in self.pending.values():
+        for entry in list(self.pending.values()):
             if (entry.execution_id, entry.seq) == (execution_id, seq) and not entry.settled:
                 self.remember_superseded(entry.request_id)
-                self._settled(entry, self.ledger.get_step(execution_id, seq), CallEvent.OUTSIDE)
+                step = await self.ledger.get_step(execution_id, seq)
+                self._settled(entry, step, CallEvent.OUTSIDE)
                 return True
         return False
 
     # -- the connections' side ---------------------------------------------------------
 
-    def on_result(self, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
+    async def on_result(self, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
         """Settle a call from a result frame (S5); the returned ack goes back to ``peer``."""
         entry = self.pending.get(frame.request_id)
         if entry is None:
             relay = self.relayed.get(frame.request_id)
             if relay is not None:
-                return self._relayed_result(relay, peer, frame)
-            return self._result_without_entry(peer, frame)
+                return await self._relayed_result(relay, peer, frame)
+            return await self._result_without_entry(peer, frame)
         if entry.settled:
             late = LATE_RESULT[entry.state]
             return _ack(
                 frame.request_id, late, "the call was already settled" if late == "stale" else None
             )
-        if not self._from_target(entry, peer):
+        if not await self._from_target(entry, peer):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        step = self.ledger.get_step(entry.execution_id, entry.seq)
+        step = await self.ledger.get_step(entry.execution_id, entry.seq)
         if step is None:
             return _ack(frame.request_id, "stale", "no such call")
-        return self._page_ack(frame.request_id, self.apply(step, _settlement(frame), by_page=True))
+        applied = await self.apply(step, _settlement(frame), by_page=True)
+        return self._page_ack(frame.request_id, applied)
 
     @staticmethod
     def _page_ack(request_id: str, applied: Applied) -> ResultAckFrame:
@@ -727,14 +766,14 @@ class BrowserTools:
             return _ack(request_id, "stale", "the call was already settled")
         return _ack(request_id, applied.outcome, None if applied.ok else applied.message)
 
-    def _from_target(self, entry: PendingCall, peer: Peer) -> bool:
+    async def _from_target(self, entry: PendingCall, peer: Peer) -> bool:
         if entry.state is CallState.ORPHANED:
             # Delivered by an earlier process (a restart): the page is not known
             # here; only a page of the session it went to can know the unguessable id.
             return peer.session == entry.session
         if entry.target is peer:
             return True
-        if entry.target is not None and entry.target.is_open:
+        if entry.target is not None and await _is_open(entry.target):
             return False
         # The invoke's connection is gone. The same page (same clientId) may send
         # the result again from its new connection before the invoke is
@@ -745,39 +784,38 @@ class BrowserTools:
             and peer.client_id == entry.client_id
         )
 
-    def _result_without_entry(self, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
-        step = self.ledger.step_by_request_id(frame.request_id)
+    async def _result_without_entry(self, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
+        step = await self.ledger.step_by_request_id(frame.request_id)
         if step is None:
             return _ack(frame.request_id, "stale", "no such call")
         if step.state != "pending":
-            return self._page_ack(
-                frame.request_id, self.apply(step, _settlement(frame), by_page=True)
-            )
+            applied = await self.apply(step, _settlement(frame), by_page=True)
+            return self._page_ack(frame.request_id, applied)
         # The run that owns it is not waiting in this process: a restarted server
         # before replay, or a run on another process whose invoke went to a
         # connection that is gone. Record it; the run reads it (woken if elsewhere).
-        execution = self.ledger.get_execution(step.execution_id)
+        execution = await self.ledger.get_execution(step.execution_id)
         if execution is None or execution.session != peer.session:
             return _ack(frame.request_id, "invalid", "the call belongs to another session")
-        if not self._from_recorded_target(step, peer):
+        if not await self._from_recorded_target(step, peer):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        applied = self.apply(step, _settlement(frame), by_page=True)
+        applied = await self.apply(step, _settlement(frame), by_page=True)
         if execution.owner is not None:
-            self._tell_owner(execution.owner, step, "page")
+            await self._tell_owner(execution.owner, step, "page")
         return self._page_ack(frame.request_id, applied)
 
-    def _from_recorded_target(self, step: Step, peer: Peer) -> bool:
+    async def _from_recorded_target(self, step: Step, peer: Peer) -> bool:
         """S5 from the step's record of where its last invoke went (a shared ledger)."""
         if step.target_connection is None or step.target_connection == peer.id:
             return True  # not recorded (one process, after a restart): the session decides
-        if self.ledger.registered(step.target_connection, self.clock.now()):
+        if await self.ledger.registered(step.target_connection, self.clock.now()):
             return False  # the invoke's connection is still there, on some process
         return peer.client_id is not None and peer.client_id == step.target_client_id
 
-    def _tell_owner(self, owner: str, step: Step, how: SettledBy) -> None:
+    async def _tell_owner(self, owner: str, step: Step, how: SettledBy) -> None:
         """Wake the run waiting for ``step`` on its process (this one has no entry for it)."""
         if owner != self.ledger.owner and step.request_id is not None:
-            self.ledger.notify(
+            await self.ledger.notify(
                 owner, "settled", step.request_id, step.execution_id, str(step.seq), how
             )
 
@@ -797,7 +835,9 @@ class BrowserTools:
         if peer is not None and peer.is_open:
             peer.send(CancelFrame(request_id=request_id, reason=reason))
 
-    def _relayed_result(self, relay: Relay, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
+    async def _relayed_result(
+        self, relay: Relay, peer: Peer, frame: ToolResultFrame
+    ) -> ResultAckFrame:
         if not (
             relay.peer is peer
             or (
@@ -809,26 +849,28 @@ class BrowserTools:
         ):
             return _ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
         step = relay.step
-        applied = self.apply(step, _settlement(frame), by_page=True)
+        applied = await self.apply(step, _settlement(frame), by_page=True)
         # Only once the ledger answered: if it could not (LedgerUnavailable), the
         # socket closes with 1013 and its close tells the owner, as for any call.
         self.relayed.pop(frame.request_id, None)
         # Whatever the ledger decided (applied, settled before, refused and settled
         # as invalid_output), the owner reads the step: a pending one it ignores.
-        self._tell_owner(relay.owner, step, "page")
+        await self._tell_owner(relay.owner, step, "page")
         return self._page_ack(frame.request_id, applied)
 
     # -- the owner's side of a call relayed elsewhere -------------------------------------
 
-    def settled_elsewhere(self, request_id: str, execution_id: str, seq: int, how: str) -> bool:
+    async def settled_elsewhere(
+        self, request_id: str, execution_id: str, seq: int, how: str
+    ) -> bool:
         """Another process settled the step of one of our calls: wake its run. True if ours."""
         entry = self.pending.get(request_id)
         if entry is None or (entry.execution_id, entry.seq) != (execution_id, seq):
             return False
         if entry.settled:
             return True
-        step = self.ledger.get_step(execution_id, seq)
-        if step is None or step.state == "pending":
+        step = await self.ledger.get_step(execution_id, seq)
+        if entry.settled or step is None or step.state == "pending":
             return True
         if how == "outside":
             self.remember_superseded(request_id)
@@ -840,7 +882,7 @@ class BrowserTools:
         if entry is not None and not entry.settled and _on_process(entry.target, process_id):
             self._progressed(entry, progress)
 
-    def gone_elsewhere(self, process_id: str, request_id: str, connection_id: str) -> None:
+    async def gone_elsewhere(self, process_id: str, request_id: str, connection_id: str) -> None:
         """The connection on ``process_id`` that had the invoke closed: S4 for that call."""
         entry = self.pending.get(request_id)
         target = entry.target if entry is not None else None
@@ -848,9 +890,9 @@ class BrowserTools:
             return
         if isinstance(target, RemotePeer) and target.process_id == process_id:
             target.gone = True
-            self._target_gone(entry)
+            await self._target_gone(entry)
 
-    def registered_elsewhere(self, session: str) -> None:
+    async def registered_elsewhere(self, session: str) -> None:
         """A connection of ``session`` registered tools on another process."""
         for entry in list(self.pending.values()):
             if (
@@ -858,9 +900,9 @@ class BrowserTools:
                 and not entry.settled
                 and (entry.target is None or not entry.target.is_open)
             ):
-                self._deliver(entry)
+                await self._deliver(entry)
 
-    def targets_lost(self, live_processes: frozenset[str]) -> None:
+    async def targets_lost(self, live_processes: frozenset[str]) -> None:
         """Calls delivered to processes that are not alive any more: their pages are gone."""
         for entry in list(self.pending.values()):
             target = entry.target
@@ -870,22 +912,24 @@ class BrowserTools:
                 and target.process_id not in live_processes
             ):
                 target.gone = True
-                self._target_gone(entry)
+                await self._target_gone(entry)
 
-    def resync(self) -> None:
+    async def resync(self) -> None:
         """After notifications may have been lost: re-read every call's step, deliver again."""
         for entry in list(self.pending.values()):
             if entry.settled:
                 continue
-            step = self.ledger.get_step(entry.execution_id, entry.seq)
+            step = await self.ledger.get_step(entry.execution_id, entry.seq)
+            if entry.settled:
+                continue
             if step is not None and step.state != "pending":
                 self._settled(entry, step, CallEvent.RESULT)
             elif entry.target is None:
-                self._deliver(entry)
-            elif not entry.target.is_open:
-                self._target_gone(entry)
+                await self._deliver(entry)
+            elif not await _is_open(entry.target):
+                await self._target_gone(entry)
 
-    def on_progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
+    async def on_progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
         entry = self.pending.get(frame.request_id)
         if entry is None:
             relay = self.relayed.get(frame.request_id)
@@ -894,7 +938,9 @@ class BrowserTools:
             if relay.last_progress is not None and frame.progress <= relay.last_progress:
                 return
             relay.last_progress = frame.progress
-            self.ledger.notify(relay.owner, "progress", frame.request_id, repr(frame.progress))
+            await self.ledger.notify(
+                relay.owner, "progress", frame.request_id, repr(frame.progress)
+            )
             return
         if entry.settled or entry.target is not peer:
             return
@@ -906,9 +952,9 @@ class BrowserTools:
         entry.last_progress = progress
         if entry.idle_timer is not None:
             entry.idle_timer.cancel()
-            entry.idle_timer = self.clock.call_later(entry.idle_timeout, self._time_out, entry)
+            entry.idle_timer = self._timer(entry.idle_timeout, entry)
 
-    def on_disconnect(self, peer: Peer) -> None:
+    async def on_disconnect(self, peer: Peer) -> None:
         """S4: settle (policy fail) or re-deliver / park (policy wait) the peer's calls.
 
         Calls relayed to it for runs on other processes: their processes are told.
@@ -916,27 +962,27 @@ class BrowserTools:
         for entry in list(self.pending.values()):
             if entry.target is not peer or entry.settled:
                 continue
-            self._target_gone(entry)
+            await self._target_gone(entry)
         for relay in [r for r in self.relayed.values() if r.peer is peer]:
-            del self.relayed[relay.request_id]
+            self.relayed.pop(relay.request_id, None)
             try:
-                self.ledger.notify(relay.owner, "gone", relay.request_id, peer.id)
+                await self.ledger.notify(relay.owner, "gone", relay.request_id, peer.id)
             except LedgerUnavailable as exc:
                 # The owner finds out by itself: its resync after the database is back.
                 logger.warning("could not tell %s its call's page left: %s", relay.owner, exc)
 
-    def _target_gone(self, entry: PendingCall) -> None:
+    async def _target_gone(self, entry: PendingCall) -> None:
         self._stop_timers(entry)
         if self.config.disconnect_policy == "fail":
-            self._close(
+            await self._close(
                 entry,
                 _error_json("disconnected", "the browser disconnected while the tool ran"),
             )
         else:
             entry.target = None
-            self._deliver(entry)
+            await self._deliver(entry)
 
-    def on_registered(self, peer: Peer) -> None:
+    async def on_registered(self, peer: Peer) -> None:
         """Deliver the session's waiting calls whose tool ``peer`` now offers."""
         for entry in list(self.pending.values()):
             if (
@@ -945,15 +991,19 @@ class BrowserTools:
                 and (entry.target is None or not entry.target.is_open)
                 and peer.tool_spec(entry.call.tool_name) is not None
             ):
-                self._deliver(entry)
+                await self._deliver(entry)
 
-    def wake_expired(self, execution_ids: Iterable[str]) -> None:
+    async def wake_expired(self, execution_ids: Iterable[str]) -> None:
         """The ledger expired these executions; release their waiting calls."""
         expired = set(execution_ids)
         for entry in list(self.pending.values()):
             if entry.execution_id in expired and not entry.settled:
                 self._send_cancel(entry, "timeout")
-                self._close(entry, None)
+                await self._close(entry, None)
+
+    async def close(self) -> None:
+        """Stop the timeouts that are settling calls right now."""
+        await self.background.close()
 
 
 @dataclass(eq=False, slots=True)
@@ -979,7 +1029,7 @@ class Approvals:
             step.execution_id, step.seq, asyncio.get_running_loop().create_future()
         )
         if self.shared:
-            self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
+            await self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
         self.waiting[key] = wait
         try:
             await wait.future
@@ -987,38 +1037,43 @@ class Approvals:
             if self.waiting.get(key) is wait:
                 del self.waiting[key]
 
-    def on_approval(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
+    async def on_approval(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
         """Settle an approval; a message for a protocol error when nothing waits for it."""
         wait = self.waiting.get((peer.session, frame.tool_call_id))
         if wait is None or wait.future.done():
-            return self._elsewhere(peer, frame)
-        self._answer(wait.execution_id, wait.seq, frame)
-        wait.future.set_result(None)
+            return await self._elsewhere(peer, frame)
+        await self._answer(wait.execution_id, wait.seq, frame)
+        if not wait.future.done():
+            wait.future.set_result(None)
         return None
 
-    def _answer(self, execution_id: str, seq: int, frame: ToolApprovalFrame) -> bool:
+    async def _answer(self, execution_id: str, seq: int, frame: ToolApprovalFrame) -> bool:
         verdict: dict[str, JsonValue] = {"approved": frame.approved}
         if frame.reason is not None:
             verdict["reason"] = frame.reason
-        outcome = self.ledger.resolve(execution_id, seq, canonical_json(verdict), self.clock.now())
+        outcome = await self.ledger.resolve(
+            execution_id, seq, canonical_json(verdict), self.clock.now()
+        )
         if not outcome.ok:
-            outcome = self.ledger.reject(
+            outcome = await self.ledger.reject(
                 execution_id, seq, _error_json("invalid_output", outcome.message),
                 self.clock.now(),
             )  # fmt: skip
         return outcome.ok
 
-    def _elsewhere(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
+    async def _elsewhere(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
         """An approval for a run on another process: answered in the ledger, its run woken."""
         problem = f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
-        found = self.ledger.approval_step(peer.session, frame.tool_call_id) if self.shared else None
+        if not self.shared:
+            return problem
+        found = await self.ledger.approval_step(peer.session, frame.tool_call_id)
         if found is None:
             return problem
         step, owner = found
-        if not self._answer(step.execution_id, step.seq, frame):
+        if not await self._answer(step.execution_id, step.seq, frame):
             return problem  # answered meanwhile
         if owner is not None and owner != self.ledger.owner:
-            self.ledger.notify(owner, "settled", "", step.execution_id, str(step.seq), "page")
+            await self.ledger.notify(owner, "settled", "", step.execution_id, str(step.seq), "page")
         return None
 
     def wake(self, execution_id: str, seq: int) -> bool:

@@ -103,7 +103,7 @@ async def list_executions(request: Request) -> Response:
     except ValueError:
         return _message(422, f"limit must be an integer, not {raw_limit[:32]!r}")
     try:
-        executions = _pending(request).executions(
+        executions = await _pending(request).executions(
             status=query.get("status") or None,
             session=query.get("session"),
             limit=limit,
@@ -119,7 +119,7 @@ async def get_execution(request: Request) -> Response:
     if refused is not None:
         return refused
     execution_id: str = request.path_params["execution_id"]
-    found = _pending(request).execution(execution_id)
+    found = await _pending(request).execution(execution_id)
     if found is None:
         return _message(404, f"no execution {execution_id[:64]!r}")
     return JSONResponse(found)
@@ -174,7 +174,7 @@ async def settle_step(request: Request) -> Response:
         return _message(404, f"no step {raw_seq[:32]!r} in execution {execution_id[:64]!r}")
     seq = int(raw_seq)
     # Before the body is read: a missing step is a 404 whatever the body.
-    missing = pending.find_step(execution_id, seq)
+    missing = await pending.find_step(execution_id, seq)
     if isinstance(missing, Answer):
         return _answer(missing)
     config: ServerConfig = request.app.state.config
@@ -185,12 +185,12 @@ async def settle_step(request: Request) -> Response:
         message = _shape_problem(exc) if isinstance(exc, ValidationError) else str(exc)
         return JSONResponse({"outcome": "invalid", "message": message}, status_code=422)
     if isinstance(body, ResolveBody):
-        answer = pending.resolve(execution_id, seq, body.output)
+        answer = await pending.resolve(execution_id, seq, body.output)
     elif isinstance(body, ApproveBody):
-        answer = pending.approve(execution_id, seq, body.approved, body.reason)
+        answer = await pending.approve(execution_id, seq, body.approved, body.reason)
     else:
         assert isinstance(body, RejectBody)
-        answer = pending.reject(execution_id, seq, body.message, body.code)
+        answer = await pending.reject(execution_id, seq, body.message, body.code)
     if answer.ok:
         logger.info("step %s of execution %s: %s over HTTP", seq, execution_id, action)
     return _answer(answer)

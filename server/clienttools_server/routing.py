@@ -7,7 +7,9 @@ recent live registration that offers a tool gets the call: a connection of
 this process, or a :class:`RemotePeer` on another one. A remote peer looks like
 any other :class:`~clienttools_server.proxy.Peer` to the proxy; its ``send``
 turns the invoke or the cancel into a notification to its process (ids only;
-the receiver reads the step row and sends the real frame to its socket).
+the receiver reads the step row and sends the real frame to its socket). A
+send is synchronous, as a socket's is: the :class:`Outbox` sends its
+notifications in order, one after the other, from a task of its own.
 
 Notification kinds of the routing (``ledger.notify``; args are strings):
 
@@ -29,16 +31,19 @@ Notification kinds of the routing (``ledger.notify``; args are strings):
   registrations again.
 - ``expired`` to all: execution ids. Each releases their calls and approvals.
 
-    peers = Peers(ledger, local_connection)
-    peer = peers.find(session, "get_location", now)   # a Client here, a RemotePeer, or None
-    peer.send(InvokeFrame(...))                       # a remote one: a notification
+    peers = Peers(ledger, local_tools, now)
+    for registration, tools in await peers.live(session): ...   # oldest first
+    peer = peers.remote(registration)                  # a connection on another process
+    peer.send(InvokeFrame(...))                        # a notification, sent by the outbox
+    await peers.close()                                # sends what is queued
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,7 +51,7 @@ from pydantic import ValidationError
 
 from clienttools.protocol import CancelFrame, InvokeFrame, ToolSpec, WireModel
 
-from .ledger import Ledger, Registration
+from .ledger import Ledger, LedgerUnavailable, Registration
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +74,52 @@ def tools_json(tools: Mapping[str, ToolSpec]) -> str:
     )
 
 
+class Outbox:
+    """Notifications queued by synchronous code, sent in order by one task.
+
+    A notification the database could not take is logged and dropped: the
+    heartbeat and the bus's resync after a reconnect find what it would have said.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._queue: deque[tuple[str | None, str, tuple[str, ...]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def send(self, process_id: str | None, kind: str, *args: str) -> None:
+        self._queue.append((process_id, kind, args))
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue:
+            process_id, kind, args = self._queue.popleft()
+            try:
+                await self.ledger.notify(process_id, kind, *args)
+            except LedgerUnavailable as exc:
+                logger.warning("could not send %s to %s: %s", kind, process_id, exc)
+            except Exception:
+                logger.exception("sending %s to %s failed", kind, process_id)
+
+    async def close(self) -> None:
+        """Send what is queued (a shutdown), then stop."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
 @dataclass(eq=False, slots=True)
 class RemotePeer:
     """A connection on another process, as the proxy sees it (a ``Peer``)."""
 
-    ledger: Ledger
+    outbox: Outbox
     process_id: str
     connection_id: str
     session: str
     client_id: str | None
     tools: Mapping[str, ToolSpec]
-    # What the proxy's `is_open` checks cost: one read each, so a peer known to be
-    # gone (its process told us, or died) says so without asking again.
+    # Known to be gone: its process told us (``gone``, ``unregistered``), died
+    # (the heartbeat), or :meth:`check` found no registration row.
     gone: bool = False
     now: Callable[[], float] = field(default=lambda: 0.0)
 
@@ -90,10 +129,14 @@ class RemotePeer:
 
     @property
     def is_open(self) -> bool:
-        """Its process is alive and its registration row is there."""
-        if self.gone:
-            return False
-        if not self.ledger.registered(self.connection_id, self.now()):
+        """Not known to be gone (no read; :meth:`check` reads)."""
+        return not self.gone
+
+    async def check(self) -> bool:
+        """Read whether its process is alive and its registration row is there."""
+        if not self.gone and not await self.outbox.ledger.registered(
+            self.connection_id, self.now()
+        ):
             self.gone = True
         return not self.gone
 
@@ -102,12 +145,12 @@ class RemotePeer:
 
     def send(self, frame: WireModel) -> None:
         if isinstance(frame, InvokeFrame):
-            self.ledger.notify(
+            self.outbox.send(
                 self.process_id, INVOKE, self.connection_id, frame.request_id,
                 frame.tool_call_id, str(frame.timeout_ms or 0), str(frame.attempt),
             )  # fmt: skip
         elif isinstance(frame, CancelFrame):
-            self.ledger.notify(
+            self.outbox.send(
                 self.process_id, CANCEL, self.connection_id, frame.request_id, frame.reason
             )
         else:
@@ -124,23 +167,28 @@ class Peers:
         now: Callable[[], float],
     ) -> None:
         self.ledger = ledger
+        self.outbox = Outbox(ledger)
         # The tools of one of this process's open connections, by id (None: not open here).
         self._local = local
         self._now = now
         self._parsed: OrderedDict[tuple[str, int], dict[str, ToolSpec]] = OrderedDict()
         # The registrations of each session as last read: a browser call reads none
-        # (the ledger's round trips block the event loop). Forgotten when a process
+        # (a round trip to the database each). Forgotten when a process
         # says the session's registrations changed, and all at each heartbeat.
         # (A process that died meanwhile is found out at the heartbeat: its calls
         # are delivered again, from registrations read again.)
         self._cache: dict[str, list[Registration]] = {}
+        # Counts forget() and refresh(): a read that one overtook is not cached.
+        self._changes = 0
 
     def forget(self, session: str) -> None:
         """The session's registrations changed (here, or a process said so)."""
+        self._changes += 1
         self._cache.pop(session, None)
 
     def refresh(self) -> None:
         """At each heartbeat: read every session's registrations again."""
+        self._changes += 1
         self._cache.clear()
 
     def tools_of(self, registration: Registration) -> dict[str, ToolSpec]:
@@ -161,15 +209,17 @@ class Peers:
             self._parsed.move_to_end(key)
         return tools
 
-    def live(self, session: str) -> list[tuple[Registration, Mapping[str, ToolSpec]]]:
+    async def live(self, session: str) -> list[tuple[Registration, Mapping[str, ToolSpec]]]:
         """The session's live registrations, oldest first, each with its tools.
 
         One of this process's connections counts only while it is open here.
         """
         registrations = self._cache.get(session)
         if registrations is None:
-            registrations = self.ledger.registrations(session, self._now())
-            self._cache[session] = registrations
+            changes = self._changes
+            registrations = await self.ledger.registrations(session, self._now())
+            if changes == self._changes:
+                self._cache[session] = registrations
         found: list[tuple[Registration, Mapping[str, ToolSpec]]] = []
         for registration in registrations:
             if registration.process_id == self.ledger.owner:
@@ -182,7 +232,10 @@ class Peers:
 
     def remote(self, registration: Registration) -> RemotePeer:
         return RemotePeer(
-            self.ledger, registration.process_id, registration.connection_id,
+            self.outbox, registration.process_id, registration.connection_id,
             registration.session, registration.client_id, self.tools_of(registration),
             now=self._now,
         )  # fmt: skip
+
+    async def close(self) -> None:
+        await self.outbox.close()

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 class SessionPages(PageCalls, Protocol):
     """What a run needs of its session: the page tools it may call and how to call them."""
 
-    def specs(self) -> Mapping[str, ToolSpec]: ...
+    async def specs(self) -> Mapping[str, ToolSpec]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ class Run:
         except asyncio.CancelledError:
             if self.aborted:
                 self.emit({"type": "abort", "reason": "aborted by the client"})
-                self._finish_status("error", "aborted")
+                await self._finish_status("error", "aborted")
             raise
         except BaseException as raised:
             exc = _cause(raised)
@@ -142,33 +142,35 @@ class Run:
                 self.lost = True
             elif isinstance(exc, Divergence):
                 logger.warning("%s", exc)
-                self._fail(
+                await self._fail(
                     f"the run diverged from its record at step {exc.seq} "
                     f"(recorded {exc.recorded.name!r}, asked {exc.name!r}) and was stopped"
                 )
             elif isinstance(exc, RunFailed):
-                self._fail(str(exc))
+                await self._fail(str(exc))
             elif isinstance(exc, UnexpectedModelBehavior):
                 logger.warning("run %s: %s", self.execution_id, exc)
-                self._fail(f"the model failed: {exc.message}")
+                await self._fail(f"the model failed: {exc.message}")
             elif isinstance(exc, Exception):
                 logger.exception("run %s failed", self.execution_id)
-                self._fail("the server failed to complete this response")
+                await self._fail("the server failed to complete this response")
             else:
                 raise
 
-    def _fail(self, message: str) -> None:
+    async def _fail(self, message: str) -> None:
         self.emit({"type": "error", "errorText": message})
-        self._finish_status("error", message)
+        await self._finish_status("error", message)
 
-    def _finish_status(self, status: Literal["completed", "error"], error: str | None) -> None:
+    async def _finish_status(
+        self, status: Literal["completed", "error"], error: str | None
+    ) -> None:
         # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
         with contextlib.suppress(InvalidTransition, UnknownExecution):
-            self.ledger.set_status(self.execution_id, status, self.clock(), error)
+            await self.ledger.set_status(self.execution_id, status, self.clock(), error)
 
-    def _finish(self, reason: str) -> None:
+    async def _finish(self, reason: str) -> None:
         self.emit({"type": "finish", "finishReason": reason})
-        self._finish_status("completed", None)
+        await self._finish_status("completed", None)
 
     def _message_id(self) -> str:
         """The id of the assistant message this response builds.
@@ -185,8 +187,9 @@ class Run:
         return f"msg-{self.execution_id}"
 
     async def _run(self) -> None:
+        recorded = [] if self.fresh else await self.ledger.steps(self.execution_id)
         journal = self.journal = RunJournal(
-            self.execution_id, self.ledger, self.pages, self.emit, self.clock, fresh=self.fresh
+            self.execution_id, self.ledger, self.pages, self.emit, self.clock, recorded=recorded
         )
         writer = ChunkWriter(journal)
         self.emit({"type": "start", "messageId": self._message_id()})
@@ -212,17 +215,17 @@ class Run:
                             async with node.stream(run.ctx) as tool_stream:
                                 async for event in tool_stream:
                                     writer.tool_event(event)
-                            journal.release_uncalled()
+                            await journal.release_uncalled()
                             self.emit({"type": "finish-step"})
-                            journal.check_alive()
+                            await journal.check_alive()
             result = run.result
         except UsageLimitExceeded:
-            self._finish("length")
+            await self._finish("length")
             return
         except UserError as exc:
             raise RunFailed(f"the agent could not run: {exc}") from exc
         finally:
-            journal.abandon_started()
+            await journal.abandon_started()
         output = result.output if result is not None else None
         if output is not None and not isinstance(output, str | DeferredToolRequests):
             # A structured output: the page shows it as text (JSON).
@@ -232,4 +235,4 @@ class Run:
             self.emit({"type": "text-delta", "id": "output", "delta": text})
             self.emit({"type": "text-end", "id": "output"})
             self.emit({"type": "finish-step"})
-        self._finish("tool-calls" if isinstance(output, DeferredToolRequests) else "stop")
+        await self._finish("tool-calls" if isinstance(output, DeferredToolRequests) else "stop")

@@ -38,8 +38,13 @@ runs: the hub serves every resume from memory.
     streams = SharedStreams(ledger, bus, clock, grace=300.0, poll=10.0,
                             abort_run=hub.abort_run, lease_lost=hub.lease_lost)
     streams.start()
-    streams.publish(execution_id, log)                      # the owner, at launch
-    streams.resume(client, frame)                           # a page's resume, no local log
+    await streams.publish(execution_id, log)                # the owner, at launch
+    await streams.resume(client, frame)                     # a page's resume, no local log
+    await streams.drained(execution_id)                     # its end written, at the run's end
+
+The log's tap is synchronous (a chunk is appended inside the run); the
+writes it starts are tasks. One write at a time per response, and one read at
+a time per follower, so rows are neither written nor mirrored twice.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +64,7 @@ from .cluster import encode
 from .ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable, canonical_json
 from .ledger_postgres import _escape
 from .stream import Chunk, ChunkLog
+from .tasks import Background
 
 logger = logging.getLogger(__name__)
 
@@ -114,21 +120,21 @@ class SharedLedger(Protocol):
 
     def channel(self, process_id: str | None) -> str: ...
 
-    def notify(self, process_id: str | None, kind: str, *args: str) -> None: ...
+    async def notify(self, process_id: str | None, kind: str, *args: str) -> None: ...
 
-    def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]: ...
+    async def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]: ...
 
     def held(self, execution_id: str) -> int | None: ...
 
-    def lease_lost(self, execution_id: str, held: int) -> None: ...
+    async def lease_lost(self, execution_id: str, held: int) -> None: ...
 
 
 class Notifications(Protocol):
     """The receiving end of the bus (cluster.Bus)."""
 
-    def on(self, kind: str, handler: Callable[[str, tuple[str, ...]], None]) -> None: ...
+    def on(self, kind: str, handler: Callable[[str, tuple[str, ...]], Awaitable[None]]) -> None: ...
 
-    def on_reconnect(self, handler: Callable[[], None]) -> None: ...
+    def on_reconnect(self, handler: Callable[[], Awaitable[None]]) -> None: ...
 
 
 class Peer(Protocol):
@@ -167,14 +173,14 @@ class ChunkStore:
     def __init__(self, ledger: SharedLedger) -> None:
         self.ledger = ledger
 
-    def append(self, execution_id: str, rows: Sequence[Row], notify: Sequence[str]) -> int:
+    async def append(self, execution_id: str, rows: Sequence[Row], notify: Sequence[str]) -> int:
         """Write rows (those already there are skipped) and notify ``notify`` (process ids).
 
         Returns how many rows were new. LeaseLost if another process took the run over.
         """
         held = self.ledger.held(execution_id)
         payload = encode(self.ledger.owner, CHUNKS, (execution_id,))
-        [(inserted, _)] = self.ledger.statement(
+        [(inserted, _)] = await self.ledger.statement(
             _APPEND,
             (
                 execution_id, [seq for seq, _ in rows], [text for _, text in rows],
@@ -182,29 +188,29 @@ class ChunkStore:
             ),
         )  # fmt: skip
         if not inserted and held is not None:
-            self.ledger.lease_lost(execution_id, held)  # raises if the fence refused them
+            await self.ledger.lease_lost(execution_id, held)  # raises if the fence refused them
         return int(inserted)
 
-    def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Row]]:
+    async def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Row]]:
         """The execution's head and its rows after seq ``after`` (None: no such execution)."""
-        found = self.ledger.statement(_READ, (after, execution_id))
+        found = await self.ledger.statement(_READ, (after, execution_id))
         if not found:
             return None, []
         status, owner, updated_at = found[0][:3]
         head = Head(execution_id, str(status), owner, float(updated_at))
         return head, [(int(seq), text) for *_, seq, text in found if seq is not None]
 
-    def latest(self, session: str, chat_id: str) -> Head | None:
+    async def latest(self, session: str, chat_id: str) -> Head | None:
         """The newest execution of a session's chat."""
-        found = self.ledger.statement(_LATEST, (_escape(session), _escape(chat_id)))
+        found = await self.ledger.statement(_LATEST, (_escape(session), _escape(chat_id)))
         if not found:
             return None
         execution_id, status, owner, updated_at = found[0]
         return Head(str(execution_id), str(status), owner, float(updated_at))
 
-    def prune(self, cutoff: float) -> int:
+    async def prune(self, cutoff: float) -> int:
         """Delete the rows of responses that finished before ``cutoff``."""
-        deleted = self.ledger.statement(
+        deleted = await self.ledger.statement(
             f"WITH gone AS ({_PRUNE} RETURNING 1) SELECT count(*) FROM gone",
             (sorted(FINISHED_STATUSES), cutoff),
         )
@@ -222,6 +228,8 @@ class Publisher:
         self.followers: set[str] = set()
         self.done = False
         self._timer: Timer | None = None
+        # One write at a time: a flush waits for the one before it.
+        self._writing = asyncio.Lock()
         log.tap = self.tap
 
     def tap(self, seq: int, chunk: Chunk | None) -> None:
@@ -230,36 +238,49 @@ class Publisher:
             return
         self.pending.append((seq, None if chunk is None else canonical_json(chunk)))
         if chunk is None:
-            self.flush()
+            self._flush_later(0.0)
         elif self._timer is None:
-            delay = FLUSH_DELAY if self.followers else UNFOLLOWED_FLUSH_DELAY
-            self._timer = self.streams.clock.call_later(delay, self.flush)
+            self._flush_later(FLUSH_DELAY if self.followers else UNFOLLOWED_FLUSH_DELAY)
 
-    def flush(self) -> None:
+    def _flush_later(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.streams.clock.call_later(delay, self.streams.background.call, self.flush)
+
+    async def flush(self) -> None:
+        """Write the rows not written yet (with those that come while a write is on)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.done or not self.pending:
-            return
-        try:
-            self.streams.store.append(self.execution_id, self.pending, sorted(self.followers))
-        except LeaseLost:
-            self.stop()  # the new owner writes the rest
-            self.streams.lease_lost(self.execution_id)  # and the run stops here
-            return
-        except LedgerUnavailable as exc:
-            logger.warning("response of run %s: %s; writing it again soon", self.execution_id, exc)
-            self._timer = self.streams.clock.call_later(RETRY_DELAY, self.flush)
-            return
-        except Exception:
-            logger.exception("writing the response of run %s failed", self.execution_id)
-            self._timer = self.streams.clock.call_later(RETRY_DELAY, self.flush)
-            return
-        ended = self.pending[-1][1] is None
-        self.pending = []
-        self.streams.flushed(self.execution_id)
+        async with self._writing:
+            if self.done or not self.pending:
+                return
+            rows = list(self.pending)
+            try:
+                await self.streams.store.append(self.execution_id, rows, sorted(self.followers))
+            except LeaseLost:
+                self.stop()  # the new owner writes the rest
+                self.streams.lease_lost(self.execution_id)  # and the run stops here
+                return
+            except LedgerUnavailable as exc:
+                logger.warning(
+                    "response of run %s: %s; writing it again soon", self.execution_id, exc
+                )
+                self._flush_later(RETRY_DELAY)
+                return
+            except Exception:
+                logger.exception("writing the response of run %s failed", self.execution_id)
+                self._flush_later(RETRY_DELAY)
+                return
+            if self.done:
+                return
+            del self.pending[: len(rows)]
+            ended = rows[-1][1] is None
+        await self.streams.flushed(self.execution_id)
         if ended:
             self.stop()
+        elif self.pending and self._timer is None:
+            self._flush_later(FLUSH_DELAY if self.followers else UNFOLLOWED_FLUSH_DELAY)
 
     def stop(self) -> None:
         self.done = True
@@ -282,16 +303,24 @@ class Follower:
         self.session = session
         self.owner: str | None = None
         self.log = log
+        # One read at a time: two would mirror the same rows twice.
+        self._reading = asyncio.Lock()
 
     @property
     def next_seq(self) -> int:
         return len(self.log.chunks)
 
-    def refresh(self) -> None:
+    async def refresh(self) -> None:
         """Read the rows past the mirror's end into it; follow a new owner; end when ended."""
+        async with self._reading:
+            await self._read()
+
+    async def _read(self) -> None:
         if self.log.finished:
             return
-        head, rows = self.streams.store.read(self.execution_id, self.next_seq - 1)
+        head, rows = await self.streams.store.read(self.execution_id, self.next_seq - 1)
+        if self.log.finished:
+            return
         for seq, text in rows:
             if seq != self.next_seq:
                 break  # not written yet (cannot happen: the owner writes them in order)
@@ -306,7 +335,7 @@ class Follower:
             self.owner = head.owner
             # A run of this process tells this follower itself (SharedStreams.flushed).
             if head.owner not in (None, self.streams.ledger.owner) and not head.finished:
-                self.streams.tell(head.owner, FOLLOW, self.execution_id)
+                await self.streams.tell(head.owner, FOLLOW, self.execution_id)
         # The owner writes the end right after the status, and tries again while
         # the database is away: a run finished for longer than a poll with no end
         # written had an owner that died in between.
@@ -343,6 +372,7 @@ class SharedStreams:
         self.lease_lost = lease_lost
         self.publishers: dict[str, Publisher] = {}
         self.followers: dict[str, Follower] = {}
+        self.background = Background("shared streams")
         self._poller: asyncio.Task[None] | None = None
         bus.on(CHUNKS, self._on_chunks)
         bus.on(FOLLOW, self._on_follow)
@@ -359,14 +389,15 @@ class SharedStreams:
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
         for publisher in list(self.publishers.values()):
-            publisher.flush()
+            await publisher.flush()
             publisher.stop()
+        await self.background.close()
 
     # -- the owner ------------------------------------------------------------------
 
-    def published(self, execution_id: str) -> tuple[list[Chunk], bool]:
+    async def published(self, execution_id: str) -> tuple[list[Chunk], bool]:
         """The chunks published for a run so far, and whether its response ended."""
-        _, rows = self.store.read(execution_id, -1)
+        _, rows = await self.store.read(execution_id, -1)
         chunks: list[Chunk] = []
         for seq, text in rows:
             if seq != len(chunks):
@@ -376,7 +407,7 @@ class SharedStreams:
             chunks.append(json.loads(text))
         return chunks, False
 
-    def publish(
+    async def publish(
         self, execution_id: str, log: ChunkLog, *, ended: bool = False, taken: bool = False
     ) -> None:
         """Write the log's chunks from now on (``ended``: its published response is over).
@@ -392,38 +423,47 @@ class SharedStreams:
         self.publishers[execution_id] = publisher
         if taken:
             with contextlib.suppress(LedgerUnavailable):
-                self.ledger.notify(None, CHUNKS, execution_id)
+                await self.ledger.notify(None, CHUNKS, execution_id)
 
-    def flushed(self, execution_id: str) -> None:
+    async def drained(self, execution_id: str) -> None:
+        """Write what the run's response has not written yet (its end, at the run's end).
+
+        Awaited while the run's lease is still held, so the write is fenced.
+        """
+        publisher = self.publishers.get(execution_id)
+        if publisher is not None:
+            await publisher.flush()
+
+    async def flushed(self, execution_id: str) -> None:
         """This process wrote rows of a run: a follower here reads them (no bus needed)."""
         follower = self.followers.get(execution_id)
         if follower is not None:
-            self._refresh(follower)
+            await self._refresh(follower)
 
-    def _on_follow(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_follow(self, sender: str, args: tuple[str, ...]) -> None:
         if not args:
             return
         execution_id = args[0]
         publisher = self.publishers.get(execution_id)
         if publisher is not None:
             publisher.followers.add(sender)
-            publisher.flush()
+            await publisher.flush()
         # Whatever was written before the follower was known: it reads it now.
-        self.tell(sender, CHUNKS, execution_id)
+        await self.tell(sender, CHUNKS, execution_id)
 
-    def _on_abort(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_abort(self, sender: str, args: tuple[str, ...]) -> None:
         if args and not self._abort_run(args[0]):
             logger.info("abort of run %s from %s: not running here", args[0], sender)
 
     # -- a follower -----------------------------------------------------------------
 
-    def resume(self, client: Peer, frame: ResumeFrame) -> None:
+    async def resume(self, client: Peer, frame: ResumeFrame) -> None:
         """S7 for a response that does not stream on this process: follow it from the table.
 
         As on the owner: a response that is still going on, or (with
         ``lastSequence``) one that finished within the resume grace.
         """
-        head = self.store.latest(client.session, frame.id)
+        head = await self.store.latest(client.session, frame.id)
         if head is None or (
             head.finished
             and (frame.last_sequence is None or head.updated_at < self.clock.now() - self.grace)
@@ -432,19 +472,19 @@ class SharedStreams:
             return
         follower = self.followers.get(head.execution_id)
         if follower is None:
-            follower = self.follow(head.execution_id, client.session, ChunkLog(frame.id))
+            follower = await self.follow(head.execution_id, client.session, ChunkLog(frame.id))
         follower.log.subscribe(frame.request_id, client.id, client.send, after=frame.last_sequence)
         if follower.log.finished:
             self.forget(follower)
 
-    def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
+    async def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
         """Mirror the run's published chunks into a fresh ``log``, from its end on."""
         follower = Follower(self, execution_id, session, log)
         self.followers[execution_id] = follower
-        self._refresh(follower)
+        await self._refresh(follower)
         return follower
 
-    def lost(self, execution_id: str, session: str, log: ChunkLog) -> None:
+    async def lost(self, execution_id: str, session: str, log: ChunkLog) -> None:
         """This process lost the run to another one (its lease lapsed): the new owner
         writes the record now, and the chat sockets that followed the run's log here
         keep following it, from the new owner's record."""
@@ -454,18 +494,18 @@ class SharedStreams:
         log.tap = None
         if log.request_ids:
             log.end_replay()
-            self.follow(execution_id, session, log)
+            await self.follow(execution_id, session, log)
 
-    def abort(self, client: Peer, frame: AbortFrame) -> bool:
+    async def abort(self, client: Peer, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""
         for follower in self.followers.values():
             if follower.session == client.session and frame.request_id in follower.log.request_ids:
-                head, _ = self.store.read(follower.execution_id, follower.next_seq)
+                head, _ = await self.store.read(follower.execution_id, follower.next_seq)
                 owner = head.owner if head is not None else None
                 if owner == self.ledger.owner:
                     self._abort_run(follower.execution_id)
                 elif owner is not None:
-                    self.tell(owner, ABORT, follower.execution_id)
+                    await self.tell(owner, ABORT, follower.execution_id)
                 return True
         return False
 
@@ -480,18 +520,18 @@ class SharedStreams:
         if self.followers.get(follower.execution_id) is follower:
             del self.followers[follower.execution_id]
 
-    def _on_chunks(self, sender: str, args: tuple[str, ...]) -> None:
+    async def _on_chunks(self, sender: str, args: tuple[str, ...]) -> None:
         follower = self.followers.get(args[0]) if args else None
         if follower is not None:
-            self._refresh(follower)
+            await self._refresh(follower)
 
-    def refresh_all(self) -> None:
+    async def refresh_all(self) -> None:
         for follower in list(self.followers.values()):
-            self._refresh(follower)
+            await self._refresh(follower)
 
-    def _refresh(self, follower: Follower) -> None:
+    async def _refresh(self, follower: Follower) -> None:
         try:
-            follower.refresh()
+            await follower.refresh()
         except LedgerUnavailable as exc:
             logger.warning("following run %s: %s", follower.execution_id, exc)
         except Exception:
@@ -500,15 +540,15 @@ class SharedStreams:
     async def _poll(self) -> None:
         while True:
             await sleep(self.clock, self.poll)
-            self.refresh_all()
+            await self.refresh_all()
 
     # -- both -----------------------------------------------------------------------
 
-    def tell(self, process_id: str, kind: str, execution_id: str) -> None:
+    async def tell(self, process_id: str, kind: str, execution_id: str) -> None:
         """Notify one process; a database away loses it (the poll and a reconnect catch up)."""
         with contextlib.suppress(LedgerUnavailable):
-            self.ledger.notify(process_id, kind, execution_id)
+            await self.ledger.notify(process_id, kind, execution_id)
 
-    def prune(self, now: float) -> int:
+    async def prune(self, now: float) -> int:
         """Delete the chunks of responses that finished more than the resume grace ago."""
-        return self.store.prune(now - self.grace)
+        return await self.store.prune(now - self.grace)
