@@ -66,9 +66,11 @@ def error_code(step: Step) -> object:
 async def no_step_pending(server: RunningServer) -> bool:
     ledger = server.app.state.ledger
     return all(
-        step.state != "pending"
-        for execution in await ledger.executions()
-        for step in await ledger.steps(execution.id)
+        [
+            step.state != "pending"
+            for execution in await ledger.executions()
+            for step in await ledger.steps(execution.id)
+        ]
     )
 
 
