@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.ledgers                    # 3 runs, both loads, both stores
     .venv/bin/python -m bench.ledgers --runs 1 --chats 20
+    .venv/bin/python -m bench.ledgers --pool-sizes 1,2,4,8,16   # the ledger alone, by pool size
 
 The same load as figure 5 (``bench/fleet.py``: every chat calls the browser
 tool ``add`` through the scripted model, so each call takes the whole path:
@@ -16,20 +17,33 @@ children), since SQLite does that work inside the server process.
 
 Stores and loads alternate within each run; the report gives median
 [min..max] over runs.
+
+``--pool-sizes``: the PostgreSQL ledger alone, in this process with no
+server around it, by the size of its pool: ``--tasks`` chats at once (each
+its own asyncio task), each making the ledger calls of one chat with one
+browser call (``ledger_chat``: run, model step and tool call in a batch,
+spec, attempt, result, model step, end), ``--chats`` times over all. It
+gives chats per second, the latency of a chat's ledger calls (p50/p99), and
+CPU per chat in this process and in PostgreSQL's: how far a bigger pool
+lets the calls of many tasks overlap.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.serverload import ROOT, _cpu_seconds, _free_port, _wait_listening
+from clienttools_server.ledger_postgres import PostgresLedger
 from tests.support.postgres import PostgresServer
 
 
@@ -106,13 +120,96 @@ def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
 
 
+async def ledger_chat(ledger: PostgresLedger, session: str) -> None:
+    """The ledger calls the server makes for one chat with one browser call."""
+    now = time.time()
+    run = await ledger.start_execution(session, '{"messages":[]}', now)
+    async with ledger.batch():
+        await ledger.record_step(run.id, 0, "model", "m", '{"turn":0}', "server", now, None, "1")
+        await ledger.record_step(run.id, 1, "tool", "add", '{"a":1,"b":2}', "client", now, session)
+    await ledger.record_spec(run.id, 1, '{"name":"add"}')
+    await ledger.add_attempt(run.id, 1, now, target_connection="c", target_client_id="p")
+    assert (await ledger.resolve(run.id, 1, "3", now)).ok
+    async with ledger.batch():
+        await ledger.record_step(run.id, 2, "model", "m", '{"turn":1}', "server", now, None, "2")
+    await ledger.set_status(run.id, "completed", now)
+    ledger.release(run.id)
+
+
+async def pool_load(
+    url: str, max_size: int, tasks: int, chats: int, postmaster: int
+) -> dict[str, float]:
+    """``chats`` chats' ledger calls, ``tasks`` at a time, on a pool of ``max_size``."""
+    async with await PostgresLedger.connect(url, max_size=max_size) as ledger:
+        await ledger_chat(ledger, "warm-up")  # the pool's first connections, the plans
+        latencies: list[float] = []
+        left = iter(range(chats))
+
+        async def worker() -> None:
+            for number in left:
+                started = time.perf_counter()
+                await ledger_chat(ledger, f"s{number}")
+                latencies.append(time.perf_counter() - started)
+
+        database = _tree_cpu(postmaster)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        # Before the pool closes: its backends' CPU goes with them when they exit.
+        after = _tree_cpu(postmaster)
+    database_cpu = sum(seconds - database.get(pid, 0.0) for pid, seconds in after.items())
+    latencies.sort()
+    return {
+        "chats_per_s": chats / wall,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)] * 1000,
+        "cpu_per_chat_ms": cpu / chats * 1000,
+        "database_cpu_per_chat_ms": database_cpu / chats * 1000,
+    }
+
+
+def pool_sizes(sizes: list[int], runs: int, tasks: int, chats: int) -> None:
+    postgres = PostgresServer.start()
+    results: dict[int, list[dict[str, float]]] = {}
+    try:
+        postmaster = _postmaster_pid(postgres)
+        for run in range(runs):
+            for size in sizes if run % 2 == 0 else sizes[::-1]:
+                url = postgres.fresh_url()
+                measured = asyncio.run(pool_load(url, size, tasks, chats, postmaster))
+                results.setdefault(size, []).append(measured)
+                print(f"{run}-pool-{size}", json.dumps(measured), file=sys.stderr, flush=True)
+    finally:
+        postgres.close()
+    print(f"{tasks} chats at once, {chats} chats per run, {runs} run(s); load {os.getloadavg()}")
+    print("| pool size | chats/s | chat p50 (ms) | chat p99 (ms) | CPU/chat here (ms) | "
+          "CPU/chat PostgreSQL (ms) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for size in sizes:
+        rows = results[size]
+        cells = [
+            _summary([r[key] for r in rows])
+            for key in ("chats_per_s", "p50_ms", "p99_ms", "cpu_per_chat_ms",
+                        "database_cpu_per_chat_ms")
+        ]  # fmt: skip
+        print(f"| {size} | {' | '.join(cells)} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ledgers", description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--chats", type=int, default=300, help="chats of the one page")
     parser.add_argument("--pages", type=int, default=100)
     parser.add_argument("--chats-per-page", type=int, default=20)
+    parser.add_argument(
+        "--pool-sizes", help="comma-separated: the ledger alone, by pool size (no server)"
+    )
+    parser.add_argument("--tasks", type=int, default=100, help="with --pool-sizes: at once")
     args = parser.parse_args(argv)
+    if args.pool_sizes:
+        sizes = [int(size) for size in args.pool_sizes.split(",")]
+        pool_sizes(sizes, args.runs, args.tasks, args.chats)
+        return
     postgres = PostgresServer.start()
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:

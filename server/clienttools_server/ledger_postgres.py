@@ -6,25 +6,57 @@ part of one :meth:`~PostgresLedger.batch`), stale, duplicate and oversize
 settlements are :class:`~clienttools_server.ledger.Outcome` values, and the
 same inputs raise the same exceptions. The contract tests run against both.
 
-Why synchronous: the whole server calls the :class:`~clienttools_server.ledger.Ledger`
-protocol synchronously from its event loop, with ``batch()`` relied on to hold
-no ``await`` (frames queued inside leave after the commit). So this store
-takes its connections from psycopg's *sync* :class:`~psycopg_pool.ConnectionPool`,
-one per call (the same one for every call inside a batch). A call blocks the
-event loop for one round trip to the database: on a Unix socket or a LAN that
-is a fraction of a millisecond (bench/README.md has the figure). The next
-step is an async interface (``AsyncConnectionPool``) once the callers await
-the ledger; the routing between processes (LISTEN/NOTIFY) will want a
+Asynchronous: every call that reads or writes is a coroutine on psycopg's
+:class:`~psycopg_pool.AsyncConnectionPool`, one pooled connection per call,
+so a call waiting for the database holds up only the task that made it,
+never the event loop. A :meth:`~PostgresLedger.batch` belongs to the asyncio
+task that opened it (a :class:`contextvars.ContextVar`, checked against the
+task): every call of that task inside it runs on the batch's connection, in
+its one transaction, while the calls of other tasks, made while the batch
+awaits, take connections of their own and see none of its uncommitted writes.
+What announces a batch's writes to a peer goes through
+:meth:`~PostgresLedger.after_commit`, so it leaves once they are durable.
+The routing between processes (LISTEN/NOTIFY, ``cluster.py``) listens on a
 connection of its own outside the pool, since a listening connection cannot
-run other statements.
+run other statements; :meth:`~PostgresLedger.notify` goes through the pool.
+
+How long a call waits, and how many run at once: a call waits at most
+``timeout`` (DEFAULT_TIMEOUT, 5 s) for a connection. The wait no longer
+blocks the event loop, so it can be longer than the 2 s of a synchronous
+store and ride out a database restart or a burst of calls queued for the
+pool; it stays well under the lease (10 s), so a database that is away or
+too slow fails the calls clearly (LedgerUnavailable: the server answers 1013
+and the peer retries) rather than leave them hanging while runs' leases
+lapse. The pool's size (DEFAULT_MAX_SIZE, 8 connections) bounds how many
+calls and batches of one process are at the database at once: calls of many
+tasks now overlap, where the synchronous store had one in flight at a time.
+On this 2-core machine with a Unix socket, 100 tasks at once make 200 chats'
+ledger calls a second on 1 connection and ~240 on 2 to 16 (``python -m
+bench.ledgers --pool-sizes``): the CPU, ~3 ms a chat here and ~2 in
+PostgreSQL, is the limit, and more connections only add PostgreSQL backends.
+In the server (``bench.ledgers``' 100 pages x 10 chats, 3 runs) 4
+connections took 1.6 times the wall time per call of 8, and 16 did no better
+than 8: the server's calls do queue for 8 (nearly every one waits for a
+connection) but gain nothing from more on 2 cores. Eight also leaves room
+for what these loads do not have: round trips over a network, during which a
+connection is held, and batches waiting on another process's row lock, which
+would otherwise hold up this process's other tasks; yet ten processes fit
+PostgreSQL's default 100 connections (8 pooled and 1 listening each). Past
+it calls queue, which is what makes a slow database fail them within
+``timeout`` instead of piling up at the database. A connection idle inside a
+transaction for longer than the lease is closed by the server
+(``idle_in_transaction_session_timeout``): a process stopped in the middle
+of a batch (SIGSTOP) must not keep its runs' rows locked, and so out of
+reach of the process taking them over, for longer than its lease.
 
 When the database goes away, a call fails clearly rather than waiting: it
 raises :class:`~clienttools_server.ledger.LedgerUnavailable` once no
 connection could be had within ``timeout`` seconds (or at once, when the
-connection breaks under it), and the calls after it give up sooner until one
-gets through. The pool reconnects by itself; calls after the database is
-back work again. (The server closes a socket whose frame met it with 1013,
-so the peer sends it again after reconnecting: docs/scaling.md.)
+connection breaks under it), and the calls after it give up sooner
+(AWAY_TIMEOUT) until one gets through. The pool reconnects by itself; calls
+after the database is back work again. (The server closes a socket whose
+frame met it with 1013, so the peer sends it again after reconnecting:
+docs/scaling.md.)
 
 The schema is created, or migrated, when the ledger opens, under an advisory
 lock so that processes starting together do not race; its version is the row
@@ -34,21 +66,24 @@ they are stored escaped and read back as given.
 
 Example::
 
-    ledger = PostgresLedger("postgresql:///clienttools?host=/run/postgresql")
-    run = ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
-    ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now=time.time())
-    assert ledger.resolve(run.id, 0, '{"lat":52.5}', now=time.time()).ok
-    ledger.close()
+    url = "postgresql:///clienttools?host=/run/postgresql"
+    async with await PostgresLedger.connect(url) as ledger:
+        run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
+        async with ledger.batch():
+            await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", time.time())
+            ledger.after_commit(lambda: print("recorded"))  # once the batch has committed
+        assert (await ledger.resolve(run.id, 0, '{"lat":52.5}', now=time.time())).ok
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
-import threading
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -86,12 +121,14 @@ from .ledger import (
 
 SCHEMA_VERSION = 5
 
-# Seconds a call waits for a connection before it fails with LedgerUnavailable.
-# The wait blocks the caller's event loop (the interface is synchronous), so it is
-# short; once a call has failed, the next ones wait only AWAY_TIMEOUT, until one
-# gets through: a database that is away must not stall every socket for seconds.
-DEFAULT_TIMEOUT = 2.0
+# Seconds a call waits for a connection before it fails with LedgerUnavailable
+# (the module docstring says why 5); once a call has failed, the next ones wait
+# only AWAY_TIMEOUT, until one gets through: a database that is away must not
+# hold every socket's frames for seconds each.
+DEFAULT_TIMEOUT = 5.0
 AWAY_TIMEOUT = 0.1
+# Connections per process: how many calls and batches are at the database at once.
+DEFAULT_MAX_SIZE = 8
 
 # A process dead for this many leases is forgotten, with its registrations.
 FORGET_DEAD_AFTER_LEASES = 10
@@ -301,25 +338,61 @@ def _step_from_row(row: Sequence[Any]) -> Step:
 class _Transaction:
     """Statements on one connection inside an open transaction."""
 
-    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self.connection = connection
 
-    def execute(self, sql: str, params: Sequence[object] = ()) -> psycopg.Cursor[Any]:
-        return self.connection.execute(sql, params)
+    async def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+        """Run a statement; how many rows it changed."""
+        cursor = await self.connection.execute(sql, params)
+        return cursor.rowcount
+
+    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        cursor = await self.connection.execute(sql, params)
+        row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
+
+    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        cursor = await self.connection.execute(sql, params)
+        rows: list[tuple[Any, ...]] = await cursor.fetchall()
+        return rows
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Batch:
-    connection: psycopg.Connection[Any]
-    depth: int = 0
+    """One task's open batch on one ledger."""
+
+    ledger: PostgresLedger
+    task: asyncio.Task[Any] | None  # the task that opened it: the only one that uses it
+    connection: psycopg.AsyncConnection[Any]
     open: bool = False  # a transaction is open on the connection
+    rolled_back: bool = False  # a database error rolled back what it had written
+    # It ended: a task spawned inside it (its context holds the batch) must not use it.
+    closed: bool = False
+    actions: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+
+# The batches open in this context, innermost last (one per ledger at most). A
+# task spawned inside a batch copies the context, so each batch also names the
+# task it belongs to.
+_BATCHES: contextvars.ContextVar[tuple[_Batch, ...]] = contextvars.ContextVar(
+    "clienttools_ledger_batches", default=()
+)
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop running: no task, so no batch
+        return None
 
 
 class PostgresLedger:
     """The ledger in one PostgreSQL database (or the first schema of its ``search_path``).
 
-    ``conninfo`` is a libpq URL or key=value string. Safe to share between
-    threads: a batch belongs to the thread that opened it.
+    ``conninfo`` is a libpq URL or key=value string. Opened with
+    ``await PostgresLedger.connect(conninfo)``; closed with ``await ledger.close()``
+    or by ``async with``. One instance serves every task of an event loop: a
+    batch belongs to the task that opened it.
     """
 
     def __init__(
@@ -327,18 +400,19 @@ class PostgresLedger:
         conninfo: str,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        max_size: int = 4,
+        max_size: int = DEFAULT_MAX_SIZE,
         lease: float = DEFAULT_LEASE,
     ) -> None:
+        """A ledger not open yet (no I/O here): :meth:`connect` makes and opens one."""
         self._leases = Leases(lease)
         self._conninfo = conninfo
         self._namespace = ""  # set once connected: the channels' prefix for this schema
         self._timeout = timeout
         self._away = False  # the last call found the database unreachable
-        self._local = threading.local()
-        self._closed = False
-        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
-            psycopg_pool.ConnectionPool(
+        self._closed = True  # until connect() has opened it
+        self._idle_in_transaction = f"{max(1, round(lease * 1000))}ms"
+        self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] = (
+            psycopg_pool.AsyncConnectionPool(
                 conninfo,
                 min_size=1,
                 max_size=max_size,
@@ -346,6 +420,7 @@ class PostgresLedger:
                 # autocommit: we open transactions ourselves, as SqliteLedger does, so
                 # a batch can keep going after a call that refused before writing.
                 kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout))},
+                configure=self._configure,
                 check=_alive,
                 # Give up reconnecting in the background soon: then each call that
                 # finds no connection starts a fresh attempt, so the ledger is back
@@ -355,25 +430,50 @@ class PostgresLedger:
                 name="clienttools-ledger",
             )
         )
+
+    @classmethod
+    async def connect(
+        cls,
+        conninfo: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_size: int = DEFAULT_MAX_SIZE,
+        lease: float = DEFAULT_LEASE,
+    ) -> PostgresLedger:
+        """Open a ledger: connect (else LedgerUnavailable after ``timeout``), migrate its schema."""
+        ledger = cls(conninfo, timeout=timeout, max_size=max_size, lease=lease)
+        await ledger._open()
+        return ledger
+
+    async def _open(self) -> None:
         try:
-            self._pool.open(wait=True, timeout=timeout)
-            self._migrate()
-            [(database, schema)] = self._read("SELECT current_database(), current_schema()")
+            await self._pool.open(wait=True, timeout=self._timeout)
+            self._closed = False
+            await self._migrate()
+            [(database, schema)] = await self._read("SELECT current_database(), current_schema()")
             self._namespace = _namespace(str(database), str(schema))
         except psycopg_pool.PoolTimeout as exc:
-            self._pool.close()
+            await self._close()
             raise LedgerUnavailable(
-                f"the PostgreSQL ledger could not connect within {timeout:g} s: {exc}"
+                f"the PostgreSQL ledger could not connect within {self._timeout:g} s: {exc}"
             ) from exc
         except BaseException:
-            self._pool.close()  # a half-opened ledger must not leak its connections
+            await self._close()  # a half-opened ledger must not leak its connections
             raise
 
-    def _migrate(self) -> None:
-        with self._write() as tx:
-            tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            tx.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
-            row = tx.execute("SELECT version FROM ledger_schema").fetchone()
+    async def _configure(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        # A process stopped inside a batch must not hold its runs' rows locked,
+        # out of reach of the process taking them over, past its lease.
+        await connection.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (self._idle_in_transaction,),
+        )
+
+    async def _migrate(self) -> None:
+        async with self._write() as tx:
+            await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await tx.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
+            row = await tx.fetchone("SELECT version FROM ledger_schema")
             version = 0 if row is None else int(row[0])
             if version > SCHEMA_VERSION:
                 raise RuntimeError(
@@ -382,36 +482,56 @@ class PostgresLedger:
                 )
             for statements in MIGRATIONS[version:]:
                 for statement in statements:
-                    tx.execute(statement)
+                    await tx.execute(statement)
             if row is None:
-                tx.execute("INSERT INTO ledger_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+                await tx.execute(
+                    "INSERT INTO ledger_schema (version) VALUES (%s)", (SCHEMA_VERSION,)
+                )
             elif version != SCHEMA_VERSION:
-                tx.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION,))
+                await tx.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION,))
 
     # connections and transactions
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LedgerClosed("the ledger is closed")
+            raise LedgerClosed("the ledger is closed (or was never opened: connect() opens it)")
 
     @property
     def _batch(self) -> _Batch | None:
-        batch: _Batch | None = getattr(self._local, "batch", None)
-        return batch
+        """This ledger's batch that the current task opened and that is still open."""
+        batches = _BATCHES.get()
+        if not batches:
+            return None
+        task = _current_task()
+        for batch in reversed(batches):
+            if batch.ledger is self and batch.task is task and not batch.closed:
+                return batch
+        return None
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """The batch's connection, or one from the pool for this call."""
         self._check_open()
         batch = self._batch
-        if batch is not None:
+        if batch is None:
             with self._unavailable_as_error():
-                yield batch.connection
+                async with self._pooled() as connection:
+                    yield connection
             return
-        with self._unavailable_as_error(), self._pooled() as connection:
-            yield connection
+        with self._unavailable_as_error():
+            try:
+                yield batch.connection
+            except psycopg.Error:
+                # A database error aborts a PostgreSQL transaction: the whole batch
+                # goes, rather than half a call. (Refusals are checked before any
+                # statement, so they never come here and leave the batch alone.)
+                if batch.open:
+                    await _rollback(batch.connection)
+                    batch.open = False
+                    batch.rolled_back = True
+                raise
 
-    def _pooled(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+    def _pooled(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         return self._pool.connection(timeout=AWAY_TIMEOUT if self._away else self._timeout)
 
     @contextlib.contextmanager
@@ -419,110 +539,147 @@ class PostgresLedger:
         waited = AWAY_TIMEOUT if self._away else self._timeout
         try:
             yield
+        except LedgerUnavailable:
+            raise  # said so already, by a call inside this one (a batch's)
         except psycopg_pool.PoolTimeout as exc:
             self._away = True
             raise LedgerUnavailable(
                 f"the PostgreSQL ledger is unreachable: no connection within {waited:g} s"
             ) from exc
+        except psycopg_pool.PoolClosed as exc:
+            raise LedgerClosed("the ledger is closed") from exc
+        except psycopg.errors.IdleInTransactionSessionTimeout as exc:
+            # The database is there; it ended a batch left idle past the lease.
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger ended a transaction idle past the lease: {exc}"
+            ) from exc
         except psycopg.OperationalError as exc:
             self._away = True
             raise LedgerUnavailable(f"the PostgreSQL ledger is unreachable: {exc}") from exc
-        except BaseException:
+        except Exception:
             self._away = False  # an answer came back, so the database is there
             raise
         self._away = False
 
-    def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        with self._connection() as connection:
-            return connection.execute(sql, params).fetchall()
+    async def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        async with self._connection() as connection:
+            cursor = await connection.execute(sql, params)
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()
+            return rows
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[_Transaction]:
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[_Transaction]:
         """One atomic write: its own committed transaction, or a part of the batch's."""
         batch = self._batch
-        if batch is None:
-            with self._connection() as connection:
-                connection.execute("BEGIN")
-                tx = _Transaction(connection)
-                try:
-                    yield tx
-                except BaseException:
-                    _rollback(connection, "ROLLBACK")
-                    raise
-                connection.execute("COMMIT")
-            return
-        with self._connection() as connection:
-            if not batch.open:
-                connection.execute("BEGIN")
-                batch.open = True
-            tx = _Transaction(connection)
+        async with self._connection() as connection:
+            if batch is not None:
+                if not batch.open:
+                    await connection.execute("BEGIN")
+                    batch.open = True
+                yield _Transaction(connection)
+                return
+            await connection.execute("BEGIN")
             try:
-                yield tx
-            except psycopg.Error:
-                # A database error aborts a PostgreSQL transaction: the whole batch
-                # goes, rather than half a call. (Refusals are checked before any
-                # statement, so they never come here and leave the batch alone.)
-                _rollback(connection, "ROLLBACK")
-                batch.open = False
+                yield _Transaction(connection)
+            except BaseException:
+                await _rollback(connection)
                 raise
+            await connection.execute("COMMIT")
 
-    def _write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+    async def _write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         """One statement that is a whole write by itself: atomic with no BEGIN and COMMIT."""
         if self._batch is not None:
-            with self._write() as tx:
-                return tx.execute(sql, params).fetchall()
-        with self._connection() as connection:
-            return connection.execute(sql, params).fetchall()
+            async with self._write() as tx:
+                return await tx.fetchall(sql, params)
+        return await self._read(sql, params)
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def batch(self) -> AsyncIterator[None]:
         """Commit every write made inside the block in one transaction, when the block ends.
 
         As :meth:`SqliteLedger.batch <clienttools_server.ledger.SqliteLedger.batch>`:
         a call that refuses (a divergence, an unknown execution, a value that
         cannot be stored) leaves the calls before it to be committed; a
         database error rolls the whole batch back, since it aborts the
-        transaction. Keep it synchronous (no ``await``). Nestable.
+        transaction. The batch is the current task's: its calls inside the
+        block run on the batch's connection, other tasks' calls while it
+        awaits do not. What announces its writes goes through
+        :meth:`after_commit`. Nestable.
         """
         self._check_open()
-        batch = self._batch
-        if batch is not None:
-            batch.depth += 1
-            try:
-                yield
-            finally:
-                batch.depth -= 1
+        if self._batch is not None:
+            yield  # nested: the outermost batch commits
             return
-        with self._unavailable_as_error(), self._pooled() as connection:
-            batch = _Batch(connection, depth=1)
-            self._local.batch = batch
-            try:
-                yield
-            finally:
-                self._local.batch = None
-                if batch.open:
-                    try:
-                        with self._unavailable_as_error():
-                            connection.execute("COMMIT")
-                    except BaseException:
-                        _rollback(connection, "ROLLBACK")
-                        raise
+        with self._unavailable_as_error():
+            async with self._pooled() as connection:
+                batch = _Batch(self, _current_task(), connection)
+                token = _BATCHES.set((*_BATCHES.get(), batch))
+                try:
+                    yield
+                except BaseException:
+                    await self._end(batch, token, raising=True)
+                    raise
+                await self._end(batch, token, raising=False)
 
-    def __enter__(self) -> PostgresLedger:
+    async def _end(
+        self, batch: _Batch, token: contextvars.Token[tuple[_Batch, ...]], *, raising: bool
+    ) -> None:
+        """Commit the batch's transaction, then run what waited for the commit."""
+        batch.closed = True
+        _BATCHES.reset(token)
+        connection = batch.connection
+        if batch.open:
+            batch.open = False
+            if connection.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                # A statement was interrupted (its task cancelled) and aborted the
+                # transaction, or the connection is gone: COMMIT would only roll back.
+                await _rollback(connection)
+                if not raising:
+                    raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
+                return
+            try:
+                with self._unavailable_as_error():
+                    await connection.execute("COMMIT")
+            except BaseException:
+                await _rollback(connection)
+                raise
+        if batch.rolled_back:
+            return  # what the actions would announce is gone
+        for action in batch.actions:
+            action()
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the writes so far are committed: now, or when the batch ends.
+
+        Inside this task's batch it waits for the outermost batch's commit and
+        runs in the order registered (also when the block raised: what was
+        written before is committed); it is dropped if a database error rolled
+        the batch back or its commit failed.
+        """
+        batch = self._batch
+        if batch is None:
+            action()
+        else:
+            batch.actions.append(action)
+
+    async def __aenter__(self) -> PostgresLedger:
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.close()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if not self._closed:
-            self._closed = True
-            self._pool.close()
+            await self._close()
+
+    async def _close(self) -> None:
+        self._closed = True
+        await self._pool.close()
 
     # the bus (clienttools_server.cluster)
 
@@ -539,24 +696,24 @@ class PostgresLedger:
         """The LISTEN channel of one process (None: of every process) in this schema."""
         return f"ct_{self._namespace}_{'all' if process_id is None else process_id}"
 
-    def notify(self, process_id: str | None, kind: str, *args: str) -> None:
+    async def notify(self, process_id: str | None, kind: str, *args: str) -> None:
         """Tell one process (None: every process, this one included) that rows changed.
 
         Ids only (the rows carry the data). Inside :meth:`batch` it is part of
         the transaction: delivered after the commit, or never if it rolls back.
         """
         payload = encode(self.owner, kind, args)
-        self._write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
+        await self._write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
 
     # processes and registrations (S2 across processes)
 
-    def keep_alive(self, now: float) -> frozenset[str]:
+    async def keep_alive(self, now: float) -> frozenset[str]:
         # One statement: this process's row renewed, the registrations (and rows) of
         # processes dead for long deleted, and who is alive now. Not at once: a
         # process that was only stalled (SIGSTOP, a long pause) and comes back
         # finds its registrations there again, counted once its row is renewed.
         seconds = self._leases.seconds * FORGET_DEAD_AFTER_LEASES
-        rows = self._write_one(
+        rows = await self._write_one(
             "WITH me AS (INSERT INTO processes (id, alive_until) VALUES (%s, %s) "
             "ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until), "
             "dead AS (DELETE FROM processes WHERE alive_until < %s AND id <> %s RETURNING id), "
@@ -567,11 +724,11 @@ class PostgresLedger:
         )
         return frozenset({self.owner, *(str(row[0]) for row in rows)})
 
-    def register(
+    async def register(
         self, connection_id: str, session: str, client_id: str | None, tools_json: str
     ) -> int:
         # Another connection of the same page (session, clientId) is one it left.
-        [(order,)] = self._write_one(
+        [(order,)] = await self._write_one(
             "WITH moved AS (DELETE FROM registrations WHERE session = %s AND client_id = %s "
             "AND connection_id <> %s) "
             "INSERT INTO registrations (connection_id, session, process_id, client_id, tools_json) "
@@ -585,13 +742,13 @@ class PostgresLedger:
         )  # fmt: skip
         return int(order)
 
-    def unregister(self, connection_id: str) -> None:
-        self._write_one(
+    async def unregister(self, connection_id: str) -> None:
+        await self._write_one(
             "DELETE FROM registrations WHERE connection_id = %s RETURNING 1", (connection_id,)
         )
 
-    def registrations(self, session: str, now: float) -> list[Registration]:
-        rows = self._read(
+    async def registrations(self, session: str, now: float) -> list[Registration]:
+        rows = await self._read(
             "SELECT r.connection_id, r.session, r.process_id, r.registration, r.client_id, "
             f"r.tools_json FROM registrations AS r WHERE r.session = %s AND {_LIVE_PROCESS} "
             "ORDER BY r.registration",
@@ -609,10 +766,12 @@ class PostgresLedger:
             for connection_id, name, process_id, order, client_id, tools_json in rows
         ]
 
-    def delivered_to(self, connection_ids: Collection[str]) -> list[tuple[str, str, str | None]]:
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
         if not connection_ids:
             return []
-        rows = self._read(
+        rows = await self._read(
             "SELECT s.request_id, s.target_connection, e.owner FROM steps AS s "
             "JOIN executions AS e ON e.id = s.execution_id "
             "WHERE s.state = 'pending' AND s.resolution = 'client' "
@@ -625,16 +784,18 @@ class PostgresLedger:
             if request_id is not None
         ]
 
-    def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
-        self._write_one(
+    async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        await self._write_one(
             "UPDATE steps SET tool_call_id = %s WHERE execution_id = %s AND seq = %s "
             "AND resolution = 'approval' RETURNING 1",
             (_escape(tool_call_id), _escape(execution_id), seq),
         )
 
-    def approval_step(self, session: str, tool_call_id: str) -> tuple[Step, str | None] | None:
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
         columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
-        rows = self._read(
+        rows = await self._read(
             f"SELECT {columns}, e.owner FROM steps AS s "
             "JOIN executions AS e ON e.id = s.execution_id "
             "WHERE s.state = 'pending' AND s.resolution = 'approval' AND s.tool_call_id = %s "
@@ -646,8 +807,8 @@ class PostgresLedger:
         *step, owner = rows[0]
         return _step_from_row(step), None if owner is None else str(owner)
 
-    def registered(self, connection_id: str, now: float) -> bool:
-        rows = self._read(
+    async def registered(self, connection_id: str, now: float) -> bool:
+        rows = await self._read(
             f"SELECT 1 FROM registrations AS r WHERE r.connection_id = %s AND {_LIVE_PROCESS}",
             (connection_id, self.owner, now),
         )
@@ -655,18 +816,18 @@ class PostgresLedger:
 
     # for the shared chunk log (shared_stream.py), whose statements are its own
 
-    def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+    async def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         """Run one statement that is a whole read or write by itself; its rows."""
-        return self._write_one(sql, params)
+        return await self._write_one(sql, params)
 
     def held(self, execution_id: str) -> int | None:
         """The generation this process holds for the execution (None: not its own);
         :class:`~clienttools_server.ledger.LeaseLost` if it lost it."""
         return self._held(execution_id)
 
-    def lease_lost(self, execution_id: str, held: int) -> None:
+    async def lease_lost(self, execution_id: str, held: int) -> None:
         """Raise LeaseLost if a fenced write that changed nothing was refused by the fence."""
-        self._check_lease(execution_id, held)
+        await self._check_lease(execution_id, held)
 
     # leases
 
@@ -674,21 +835,21 @@ class PostgresLedger:
         """The generation held for the execution (None: not ours); LeaseLost if lost."""
         return self._leases.generation(execution_id)
 
-    def _check_lease(self, execution_id: str, held: int | None) -> None:
+    async def _check_lease(self, execution_id: str, held: int | None) -> None:
         """After a fenced write changed nothing: raise LeaseLost if the fence is why."""
         if held is None:
             return
-        rows = self._read(
+        rows = await self._read(
             "SELECT generation FROM executions WHERE id = %s", (_escape(execution_id),)
         )
         if rows and int(rows[0][0]) != held:
             raise self._leases.lose(execution_id, int(rows[0][0]))
 
-    def take_over(self, now: float) -> list[Execution]:
+    async def take_over(self, now: float) -> list[Execution]:
         leases = self._leases
         # SKIP LOCKED: a run another process is taking over (or writing) right now
         # is not lapsed for us; the next round sees how it ended.
-        rows = self._write_one(
+        rows = await self._write_one(
             "UPDATE executions SET owner = %s, generation = generation + 1, lease_until = %s "
             "WHERE id IN (SELECT id FROM executions WHERE status IN ('running', 'paused') "
             "AND (lease_until IS NULL OR lease_until < %s) FOR UPDATE SKIP LOCKED) "
@@ -700,12 +861,12 @@ class PostgresLedger:
             leases.hold(execution.id, execution.generation)
         return taken
 
-    def renew(self, now: float) -> list[str]:
+    async def renew(self, now: float) -> list[str]:
         leases = self._leases
         if not leases.held:
             return []
         held = list(leases.held.items())
-        rows = self._write_one(
+        rows = await self._write_one(
             "UPDATE executions AS e SET lease_until = %s "
             "FROM unnest(%s::text[], %s::bigint[]) AS h (id, generation) "
             "WHERE e.id = h.id AND e.generation = h.generation RETURNING e.id",
@@ -722,7 +883,7 @@ class PostgresLedger:
 
     # executions
 
-    def start_execution(
+    async def start_execution(
         self, session: str, request_json: str, now: float, chat_id: str | None = None
     ) -> Execution:
         _canonicalize(request_json)  # refuse what could not be re-run later
@@ -733,7 +894,7 @@ class PostgresLedger:
         )  # fmt: skip
         # The unique index on the unfinished executions of a chat decides, in the
         # same statement: of two processes starting one chat at once, one gets it.
-        rows = self._write_one(
+        rows = await self._write_one(
             f"INSERT INTO executions ({_EXECUTION_COLUMNS}, chat_id) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (session, chat_id) WHERE status IN ('running', 'paused') DO NOTHING "
@@ -748,13 +909,13 @@ class PostgresLedger:
         leases.hold(execution.id, 1)
         return execution
 
-    def get_execution(self, execution_id: str) -> Execution | None:
-        rows = self._read(
+    async def get_execution(self, execution_id: str) -> Execution | None:
+        rows = await self._read(
             f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = %s", (_escape(execution_id),)
         )
         return _execution_from_row(rows[0]) if rows else None
 
-    def executions(
+    async def executions(
         self,
         statuses: Collection[ExecutionStatus] | None = None,
         session: str | None = None,
@@ -772,45 +933,45 @@ class PostgresLedger:
             where.append("session = %s")
             params.append(_escape(session))
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._read(
+        rows = await self._read(
             f"SELECT {_EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
             params,
         )
         return [_execution_from_row(row) for row in rows]
 
-    def set_status(
+    async def set_status(
         self, execution_id: str, status: ExecutionStatus, now: float, error: str | None = None
     ) -> None:
         held = self._held(execution_id)
-        with self._write() as tx:
-            execution = self._execution_in(tx, execution_id, lock=True)
+        async with self._write() as tx:
+            execution = await self._execution_in(tx, execution_id, lock=True)
             if held is not None and execution.generation != held:
                 raise self._leases.lose(execution_id, execution.generation)
             _check_transition(execution, status)
             if execution.finished:
                 return  # same finished status again: nothing changes
-            tx.execute(
+            await tx.execute(
                 "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
                 (status, _maybe_escape(error), now, execution_id),
             )
             if status in FINISHED_STATUSES:
-                self._settle_pending(tx, execution_id, status, now, ttl=None)
+                await self._settle_pending(tx, execution_id, status, now, ttl=None)
 
-    def _execution_in(
+    async def _execution_in(
         self, tx: _Transaction, execution_id: str, *, lock: bool = False
     ) -> Execution:
         # FOR UPDATE: another process's status change waits for ours, as
         # SQLite's BEGIN IMMEDIATE makes it.
-        row = tx.execute(
+        row = await tx.fetchone(
             f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE id = %s"
             + (" FOR UPDATE" if lock else ""),
             (_escape(execution_id),),
-        ).fetchone()
+        )
         if row is None:
             raise UnknownExecution(f"no execution {execution_id}")
         return _execution_from_row(row)
 
-    def _settle_pending(
+    async def _settle_pending(
         self,
         tx: _Transaction,
         execution_id: str,
@@ -819,47 +980,47 @@ class PostgresLedger:
         ttl: float | None,
     ) -> None:
         state, error_json = _closing_error(status, ttl)
-        tx.execute(
+        await tx.execute(
             "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
             "WHERE execution_id = %s AND state = 'pending'",
             (state, error_json, now, execution_id),
         )
 
-    def expire_paused(self, ttl: float, now: float) -> list[str]:
+    async def expire_paused(self, ttl: float, now: float) -> list[str]:
         cutoff = now - ttl
-        with self._write() as tx:
+        async with self._write() as tx:
             # SKIP LOCKED: a run another process is changing right now is not idle.
-            rows = tx.execute(
+            rows = await tx.fetchall(
                 "SELECT id FROM executions AS e WHERE updated_at < %s AND ("
                 " status = 'paused' OR (status = 'running' AND EXISTS ("
                 "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
                 " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
                 (cutoff,),
-            ).fetchall()
+            )
             expired = [str(row[0]) for row in rows]
             for execution_id in expired:
-                tx.execute(
+                await tx.execute(
                     "UPDATE executions SET status = 'expired', error = %s, updated_at = %s "
                     "WHERE id = %s",
                     (f"expired after {ttl:g} s without progress", now, execution_id),
                 )
-                self._settle_pending(tx, execution_id, "expired", now, ttl)
+                await self._settle_pending(tx, execution_id, "expired", now, ttl)
         return expired
 
-    def prune_finished(self, retention: float, now: float) -> int:
+    async def prune_finished(self, retention: float, now: float) -> int:
         if retention < 0:
             raise ValueError(f"retention must not be negative, not {retention}")
-        with self._write() as tx:
+        async with self._write() as tx:
             # The steps go with their execution (ON DELETE CASCADE).
-            deleted = tx.execute(
+            deleted = await tx.execute(
                 "DELETE FROM executions WHERE status = ANY(%s) AND updated_at < %s",
                 (sorted(FINISHED_STATUSES), now - retention),
-            ).rowcount
-        return int(deleted)
+            )
+        return deleted
 
     # steps
 
-    def record_step(
+    async def record_step(
         self,
         execution_id: str,
         seq: int,
@@ -880,7 +1041,7 @@ class PostgresLedger:
             execution_id, seq, kind, name, canonical_input, resolution, state,
             stored_result, None, request_id, 0, now, now, None,
         )  # fmt: skip
-        [(inserted,)] = self._write_one(
+        [(inserted,)] = await self._write_one(
             _RECORD_STEP,
             (
                 execution_id, seq, kind, _escape(name), canonical_input, resolution, state,
@@ -890,30 +1051,21 @@ class PostgresLedger:
         )  # fmt: skip
         if inserted:
             return step
-        self._check_lease(execution_id, held)
+        await self._check_lease(execution_id, held)
         # Recorded before (a replay), or no such execution: only now worth a read.
-        existing = self.get_step(execution_id, seq)
+        existing = await self.get_step(execution_id, seq)
         if existing is None:
             raise UnknownExecution(f"no execution {execution_id}")
         check_replay(existing, kind, name, canonical_input)
         return existing
 
-    def _step_in(
-        self, connection: psycopg.Connection[Any], execution_id: str, seq: int
-    ) -> Step | None:
-        row = connection.execute(
-            f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s",
-            (_escape(execution_id), seq),
-        ).fetchone()
-        return None if row is None else _step_from_row(row)
-
-    def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
+    async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
         canonical = _canonicalize(spec_json)
         held = self._held(execution_id)
         # The step as it stands after the update: the updated row, or else the one
         # that already had a spec (the statement's snapshot predates its update).
-        rows = self._write_one(
+        rows = await self._write_one(
             f"WITH updated AS (UPDATE steps SET spec_json = %s "
             f"WHERE execution_id = %s AND seq = %s AND spec_json IS NULL AND {_FENCE} "
             f"RETURNING {_STEP_READ}) "
@@ -927,28 +1079,31 @@ class PostgresLedger:
         )  # fmt: skip
         if not rows or rows[0][13] is None or rows[0][13] != canonical:
             # Nothing updated: a spec recorded before (fine), or the fence refused it.
-            self._check_lease(execution_id, held)
+            await self._check_lease(execution_id, held)
         return _step_from_row(rows[0]) if rows else None
 
-    def get_step(self, execution_id: str, seq: int) -> Step | None:
-        with self._connection() as connection:
-            return self._step_in(connection, execution_id, seq)
+    async def get_step(self, execution_id: str, seq: int) -> Step | None:
+        rows = await self._read(
+            f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s",
+            (_escape(execution_id), seq),
+        )
+        return _step_from_row(rows[0]) if rows else None
 
-    def step_by_request_id(self, request_id: str) -> Step | None:
-        rows = self._read(
+    async def step_by_request_id(self, request_id: str) -> Step | None:
+        rows = await self._read(
             f"SELECT {_STEP_READ} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
             (_escape(request_id),),
         )
         return _step_from_row(rows[0]) if rows else None
 
-    def steps(self, execution_id: str) -> list[Step]:
-        rows = self._read(
+    async def steps(self, execution_id: str) -> list[Step]:
+        rows = await self._read(
             f"SELECT {_STEP_READ} FROM steps WHERE execution_id = %s ORDER BY seq",
             (_escape(execution_id),),
         )
         return [_step_from_row(row) for row in rows]
 
-    def pending_steps(
+    async def pending_steps(
         self, session: str | None = None, resolution: Resolution | None = None
     ) -> list[Step]:
         columns = ", ".join(f"s.{column.strip()}" for column in _STEP_READ.split(","))
@@ -960,20 +1115,20 @@ class PostgresLedger:
         if resolution is not None:
             where.append("s.resolution = %s")
             params.append(resolution)
-        rows = self._read(
+        rows = await self._read(
             f"SELECT {columns} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
             f"WHERE {' AND '.join(where)} ORDER BY s.created_at, s.execution_id, s.seq",
             params,
         )
         return [_step_from_row(row) for row in rows]
 
-    def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
-        return self._settle(execution_id, seq, "result", result_json, now)
+    async def resolve(self, execution_id: str, seq: int, result_json: str, now: float) -> Outcome:
+        return await self._settle(execution_id, seq, "result", result_json, now)
 
-    def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
-        return self._settle(execution_id, seq, "error", error_json, now)
+    async def reject(self, execution_id: str, seq: int, error_json: str, now: float) -> Outcome:
+        return await self._settle(execution_id, seq, "error", error_json, now)
 
-    def _settle(
+    async def _settle(
         self,
         execution_id: str,
         seq: int,
@@ -987,7 +1142,7 @@ class PostgresLedger:
             state = "applied" if field == "result" else "error"
             # The UPDATE's "AND state = 'pending'" is the one check that counts:
             # of two processes settling the same step, exactly one gets the row.
-            rows = self._write_one(
+            rows = await self._write_one(
                 _SETTLE_SQL[field],
                 (state, prepared, now, _escape(execution_id), seq, _escape(execution_id), held,
                  now),
@@ -998,15 +1153,15 @@ class PostgresLedger:
                     True, "applied", f"step {seq} of execution {execution_id} settled", settled
                 )
         # Missing, already settled, fenced, or a value that cannot be stored: nothing was written.
-        self._check_lease(execution_id, held)
-        step = self.get_step(execution_id, seq)
+        await self._check_lease(execution_id, held)
+        step = await self.get_step(execution_id, seq)
         refusal = _refusal(step, execution_id, seq)
         if refusal is not None:
             return refusal
         assert isinstance(prepared, Outcome)
         return dataclasses.replace(prepared, step=step)
 
-    def add_attempt(
+    async def add_attempt(
         self,
         execution_id: str,
         seq: int,
@@ -1016,7 +1171,7 @@ class PostgresLedger:
         target_client_id: str | None = None,
     ) -> int:
         held = self._held(execution_id)
-        rows = self._write_one(
+        rows = await self._write_one(
             "UPDATE steps SET attempts = attempts + 1, updated_at = %s, "
             "target_connection = %s, target_client_id = %s "
             f"WHERE execution_id = %s AND seq = %s AND {_FENCE} RETURNING attempts",
@@ -1026,7 +1181,7 @@ class PostgresLedger:
             ),
         )  # fmt: skip
         if not rows:
-            self._check_lease(execution_id, held)
+            await self._check_lease(execution_id, held)
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(rows[0][0])
 
@@ -1040,7 +1195,7 @@ def _by_age(execution: Execution) -> tuple[float, str]:
     return execution.created_at, execution.id
 
 
-def _alive(connection: psycopg.Connection[Any]) -> None:
+async def _alive(connection: psycopg.AsyncConnection[Any]) -> None:
     """Raise if the server closed this connection (a restart), without a round trip.
 
     Reads what the server sent while the connection sat in the pool: a server
@@ -1054,7 +1209,7 @@ def _alive(connection: psycopg.Connection[Any]) -> None:
         raise psycopg.OperationalError("the connection is broken")
 
 
-def _rollback(connection: psycopg.Connection[Any], statement: str) -> None:
+async def _rollback(connection: psycopg.AsyncConnection[Any]) -> None:
     """Roll back, unless the connection is gone (then the server rolled back already)."""
     with contextlib.suppress(psycopg.OperationalError):
-        connection.execute(statement)
+        await connection.execute("ROLLBACK")
