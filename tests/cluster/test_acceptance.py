@@ -87,8 +87,8 @@ async def test_a_thousand_chats_over_a_hundred_sessions(
             responses = await asyncio.gather(*(session_chats(s) for s in names))
             for page in pages.values():
                 await page.settle()
-            with cluster.reader() as ledger:
-                runs = runs_by_chat(ledger)
+            async with cluster.reader() as ledger:
+                runs = await runs_by_chat(ledger)
         finally:
             await asyncio.gather(*(page.close() for page in pages.values()))
         placed = list(cluster.balancer.placed)
@@ -130,8 +130,8 @@ async def test_a_chat_on_one_process_calls_a_tool_on_a_page_connected_to_another
             response = await chat_once(cluster.direct_url("a", "x"), "x1", "x1", [3, 4])
             await page.settle()
             holding = cluster.balancer.holding("/agents/chat/x")
-            with cluster.reader() as ledger:
-                [run] = runs_by_chat(ledger).values()
+            async with cluster.reader() as ledger:
+                [run] = (await runs_by_chat(ledger)).values()
         finally:
             await page.close()
         assert not cluster.balancer.errors, cluster.balancer.errors
@@ -172,8 +172,8 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
                 60.0,
                 "every tool to run",
             )
-            with cluster.reader() as ledger:
-                owners = {run.owner for run in runs_by_chat(ledger).values()}
+            async with cluster.reader() as ledger:
+                owners = {run.owner for run in (await runs_by_chat(ledger)).values()}
             before = cluster.model_requests()
             first_lines = [prompt_for(f"k{i}", numbers).splitlines()[0] for i in range(chats)]
             await cluster.kill("a")  # in the middle of every call
@@ -193,15 +193,16 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivors(
                 await peer.response(rid, lease + 60.0)
                 for peer, rid in zip(resumed, resumes, strict=True)
             ]
-            with cluster.reader() as ledger:
-                await wait_until(
-                    lambda: {r.status for r in runs_by_chat(ledger).values()} == {"completed"},
-                    lease + 60.0,
-                    "every run to complete on a survivor",
-                )
+            async with cluster.reader() as ledger:
+
+                async def completed() -> bool:
+                    so_far = await runs_by_chat(ledger)
+                    return {r.status for r in so_far.values()} == {"completed"}
+
+                await wait_until(completed, lease + 60.0, "every run to complete on a survivor")
                 elapsed = time.monotonic() - killed
-                runs = runs_by_chat(ledger)
-                steps = {chat_id: ledger.steps(run.id) for chat_id, run in runs.items()}
+                runs = await runs_by_chat(ledger)
+                steps = {chat_id: await ledger.steps(run.id) for chat_id, run in runs.items()}
             for page in pages:
                 await page.settle()
             # The undisturbed twin: the same calls, chat on b and page on c, nothing killed.
@@ -278,13 +279,13 @@ async def test_the_pages_of_a_killed_process_reconnect_and_their_calls_are_deliv
                 30.0,
                 "every page to reconnect",
             )
-            with cluster.reader() as ledger:
+            async with cluster.reader() as ledger:
 
-                def delivered_again() -> bool:
+                async def delivered_again() -> bool:
                     attempts = [
                         s.attempts
-                        for run in runs_by_chat(ledger).values()
-                        for s in ledger.steps(run.id)
+                        for run in (await runs_by_chat(ledger)).values()
+                        for s in await ledger.steps(run.id)
                         if s.kind == "tool"
                     ]
                     return len(attempts) == chats * len(numbers) and min(attempts) >= 2
@@ -298,8 +299,8 @@ async def test_the_pages_of_a_killed_process_reconnect_and_their_calls_are_deliv
             ]
             for page in pages:
                 await page.settle()
-            with cluster.reader() as ledger:
-                runs = runs_by_chat(ledger)
+            async with cluster.reader() as ledger:
+                runs = await runs_by_chat(ledger)
         finally:
             for peer in peers:
                 await peer.close()
@@ -330,29 +331,35 @@ async def test_a_stale_owner_writes_nothing_for_the_run_a_third_process_took(
         try:
             await chat.browser.start_chat(prompt_for("st", [5]), "st1")
             await wait_until(lambda: ("st", 5) in page.running, 30.0, "the tool to run")
-            with cluster.reader() as ledger:
+            async with cluster.reader() as ledger:
 
-                def run() -> Execution:
-                    return runs_by_chat(ledger)["st1"]
+                async def run() -> Execution:
+                    return (await runs_by_chat(ledger))["st1"]
 
-                first = run()
+                async def taken_over() -> bool:
+                    return (await run()).generation == 2
+
+                async def delivered_again() -> bool:
+                    tools = [s for s in await ledger.steps(first.id) if s.kind == "tool"]
+                    return [s.attempts for s in tools] == [2]
+
+                async def completed() -> bool:
+                    return (await run()).status == "completed"
+
+                first = await run()
                 # Paused past its lease: b or c takes the run over and delivers the call
                 # again to the page, which stayed on b.
                 cluster.pause("a")
-                await wait_until(lambda: run().generation == 2, lease + 30.0, "the take-over")
-                await wait_until(
-                    lambda: [s.attempts for s in ledger.steps(first.id) if s.kind == "tool"] == [2],
-                    30.0,
-                    "the call to be delivered again",
-                )
-                taken, steps_taken = run(), ledger.steps(first.id)
+                await wait_until(taken_over, lease + 30.0, "the take-over")
+                await wait_until(delivered_again, 30.0, "the call to be delivered again")
+                taken, steps_taken = await run(), await ledger.steps(first.id)
                 # Back: a finds out at its next renewal, and stops the run.
                 cluster.resume("a")
                 await wait_until(lambda: "lease lost" in cluster.log("a"), 30.0, "the stale one")
-                after, steps_after = run(), ledger.steps(first.id)
+                after, steps_after = await run(), await ledger.steps(first.id)
                 gate.set()
-                await wait_until(lambda: run().status == "completed", 30.0, "the run to complete")
-                done, steps_done = run(), ledger.steps(first.id)
+                await wait_until(completed, 30.0, "the run to complete")
+                done, steps_done = await run(), await ledger.steps(first.id)
             holding = cluster.balancer.holding("/agents/chat/st")
         finally:
             await chat.close()

@@ -84,10 +84,10 @@ async def test_a_tool_returning_50_mb(server: RunningServer, scenario: Scenario)
     chat = await ChatPeer.open(server.ws_url("big"))
     try:
         # The registry change is announced (C1); wait until the server offers the tool.
-        await wait_until(
-            lambda: server.hub.find_peer("big", "huge") is not None,
-            what="the huge tool to be registered",
-        )
+        async def offered() -> bool:
+            return await server.hub.find_peer("big", "huge") is not None
+
+        await wait_until(offered, what="the huge tool to be registered")
         response = await chat.ask("call huge {}")
         assert response.text.startswith("huge failed: output_too_large:"), response.text
         scenario.add_call(settlements=len(response.of_type("tool-output-error")), executions=1)

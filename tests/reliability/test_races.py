@@ -43,12 +43,12 @@ async def stack() -> AsyncIterator[Stack]:
         yield opened
 
 
-def tool_step(server: RunningServer, tag: str, n: int) -> Step:
+async def tool_step(server: RunningServer, tag: str, n: int) -> Step:
     """The one ledger step of the `work` call (tag, n): who settled it is recorded there."""
     ledger = server.app.state.ledger
     found = []
-    for execution in ledger.executions():
-        for step in ledger.steps(execution.id):
+    for execution in await ledger.executions():
+        for step in await ledger.steps(execution.id):
             if step.kind != "tool" or step.name != "work":
                 continue
             tool_input = json.loads(step.input_json)
@@ -63,12 +63,14 @@ def error_code(step: Step) -> object:
     return None if error is None else error.get("code")
 
 
-def no_step_pending(server: RunningServer) -> bool:
+async def no_step_pending(server: RunningServer) -> bool:
     ledger = server.app.state.ledger
     return all(
-        step.state != "pending"
-        for execution in ledger.executions()
-        for step in ledger.steps(execution.id)
+        [
+            step.state != "pending"
+            for execution in await ledger.executions()
+            for step in await ledger.steps(execution.id)
+        ]
     )
 
 
@@ -100,7 +102,7 @@ async def test_result_racing_the_timeout(
             won["result" if outcome == expected else "timeout"] += 1
             # The ledger agrees with what the response showed: applied with the output, or
             # settled with the timeout error; never pending.
-            step = tool_step(stack.server, tag, call.n)
+            step = await tool_step(stack.server, tag, call.n)
             if outcome == expected:
                 assert step.state == "applied" and step.result() == expected, step
             else:
@@ -125,7 +127,7 @@ async def test_result_racing_the_timeout(
         f"result won {won['result']}, timeout won {won['timeout']}; {late} late results were stale"
     )
     await settled(stack.server.hub)
-    assert no_step_pending(stack.server)
+    assert await no_step_pending(stack.server)
 
 
 async def test_abort_racing_the_result(stack: Stack, scenario: Scenario, soak_factor: int) -> None:
@@ -152,7 +154,7 @@ async def test_abort_racing_the_result(stack: Stack, scenario: Scenario, soak_fa
         aborted = any(c["type"] == "abort" for c in response.chunks)
         executions = stack.page.executions[(tag, n)]
         outputs = report.calls[0].settlements if report.calls else 0
-        step = tool_step(stack.server, tag, n)
+        step = await tool_step(stack.server, tag, n)
         if step.state == "applied":
             won["result"] += 1
             assert step.result() == expected, step
@@ -203,4 +205,4 @@ async def test_abort_racing_the_result(stack: Stack, scenario: Scenario, soak_fa
         f"{cancels} cancels sent, {stale} late results stale"
     )
     await settled(stack.server.hub)
-    assert no_step_pending(stack.server)
+    assert await no_step_pending(stack.server)

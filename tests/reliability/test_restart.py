@@ -74,17 +74,17 @@ async def wait_finished(stack: Stack, chat_id: str) -> None:
         await asyncio.sleep(0.2)
 
 
-def execution_status(db: str, chat_id: str) -> str:
-    ledger = open_ledger(db)
+async def execution_status(db: str, chat_id: str) -> str:
+    ledger = await open_ledger(db)
     try:
         [status] = [
             e.status
-            for e in ledger.executions()
+            for e in await ledger.executions()
             if RunRequest.from_json(e.request_json).chat_id == chat_id
         ]
         return status
     finally:
-        ledger.close()
+        await ledger.close()
 
 
 async def resume_to_end(stack: Stack, chat_id: str) -> bool:
@@ -109,19 +109,19 @@ async def resume_to_end(stack: Stack, chat_id: str) -> bool:
             return True
     finally:
         await chat.close()
-    return execution_status(stack.db, chat_id) not in ("running", "paused")
+    return await execution_status(stack.db, chat_id) not in ("running", "paused")
 
 
-def ledger_transcript(db: str, chat_id: str) -> tuple[str, list[Any], list[int], str]:
+async def ledger_transcript(db: str, chat_id: str) -> tuple[str, list[Any], list[int], str]:
     """(final text, tool outcomes in seq order, tool attempts, execution status) of a chat."""
-    ledger = open_ledger(db)
+    ledger = await open_ledger(db)
     try:
         [execution] = [
             e
-            for e in ledger.executions()
+            for e in await ledger.executions()
             if RunRequest.from_json(e.request_json).chat_id == chat_id
         ]
-        steps = ledger.steps(execution.id)
+        steps = await ledger.steps(execution.id)
         assert all(step.state != "pending" for step in steps), steps
         model_steps = [s for s in steps if s.kind == "model"]
         events = model_steps[-1].result()
@@ -134,7 +134,7 @@ def ledger_transcript(db: str, chat_id: str) -> tuple[str, list[Any], list[int],
         ]
         return text, outcomes, [s.attempts for s in tools], execution.status
     finally:
-        ledger.close()
+        await ledger.close()
 
 
 @pytest.mark.parametrize("moment", ["while_the_tool_runs", "as_the_result_leaves"])
@@ -171,8 +171,8 @@ async def test_server_sigkill_and_restart(
         scenario.iterations += 1
     await asyncio.to_thread(stack.server.stop)  # the ledger is read with the server gone
     for base_id, tag, _, numbers in chats:
-        base_text, base_outcomes, _, base_status = ledger_transcript(stack.db, base_id)
-        text, outcomes, attempts, status = ledger_transcript(stack.db, tag)
+        base_text, base_outcomes, _, base_status = await ledger_transcript(stack.db, base_id)
+        text, outcomes, attempts, status = await ledger_transcript(stack.db, tag)
         assert base_status == status == "completed"
         equal = (text, outcomes) == (base_text, base_outcomes)
         scenario.add_transcript(equal)

@@ -178,9 +178,9 @@ async def test_sigkill_mid_call_does_not_ask_the_model_again(served: Any, tmp_pa
     # The first model step was recorded before the kill: the replay did not ask again.
     assert requests.read_text().count("request") == 2
     await asyncio.to_thread(server.stop)
-    with SqliteLedger(db) as ledger:
-        [execution] = ledger.executions()
-        steps = ledger.steps(execution.id)
+    async with SqliteLedger(db) as ledger:
+        [execution] = await ledger.executions()
+        steps = await ledger.steps(execution.id)
     assert execution.status == "completed"
     assert [(s.kind, s.name, s.state) for s in steps] == [
         ("model", "one-slow-call", "applied"),

@@ -116,10 +116,14 @@ async def test_requires_approval_settled_from_outside(
     request_id = await page.start_chat('call transfer {"amount": 7}')
     await page.chunk(request_id, "tool-approval-request")
     ledger = bank.app.state.ledger
-    await wait_until(lambda: bool(ledger.pending_steps(session="b1", resolution="approval")))
-    [step] = ledger.pending_steps(session="b1", resolution="approval")
+
+    async def asked() -> bool:
+        return bool(await ledger.pending_steps(session="b1", resolution="approval"))
+
+    await wait_until(asked)
+    [step] = await ledger.pending_steps(session="b1", resolution="approval")
     assert step.name == "approval:transfer"
-    outcome = bank.hub.resolve(step.execution_id, step.seq, {"approved": True})
+    outcome = await bank.hub.resolve(step.execution_id, step.seq, {"approved": True})
     assert outcome.ok, outcome.message
     assert (await page.response(request_id)).text == 'transfer -> "sent 7"'
     await settled(bank.hub)
@@ -143,8 +147,8 @@ async def test_structured_output_is_the_answer_and_no_tool_step(
         shown = {c["toolName"] for c in response.of_type("tool-input-available")}
         assert shown == {"server_time"}
         await settled(server.hub)
-        [execution] = server.app.state.ledger.executions()
-        steps = server.app.state.ledger.steps(execution.id)
+        [execution] = await server.app.state.ledger.executions()
+        steps = await server.app.state.ledger.steps(execution.id)
         assert [(s.kind, s.name) for s in steps] == [
             ("model", "test"),
             ("tool", "server_time"),

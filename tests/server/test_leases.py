@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from clienttools.client import ToolClient
@@ -26,7 +26,7 @@ from clienttools_server.ledger import Execution
 from clienttools_server.ledger_postgres import PostgresLedger
 from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, prompt_for
-from tests.support.cluster import final_text, tool_outcomes
+from tests.support.cluster import all_completed, final_text, reader, tool_outcomes
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
@@ -91,16 +91,6 @@ async def processes(
         yield servers
 
 
-@contextlib.contextmanager
-def reader(url: str) -> Iterator[PostgresLedger]:
-    """A ledger that only reads: it holds no lease, so it fences nothing and takes nothing."""
-    ledger = PostgresLedger(url)
-    try:
-        yield ledger
-    finally:
-        ledger.close()
-
-
 def model_requests(tmp_path: Path) -> Counter[tuple[str, int]]:
     """(first line of the prompt, model answers before) of every model request so far."""
     path = tmp_path / "requests.jsonl"
@@ -109,11 +99,18 @@ def model_requests(tmp_path: Path) -> Counter[tuple[str, int]]:
     return Counter(tuple(json.loads(line)) for line in path.read_text().splitlines())
 
 
-def run_of(ledger: PostgresLedger, chat_id: str) -> Execution:
+async def run_of(ledger: PostgresLedger, chat_id: str) -> Execution:
     [execution] = [
-        e for e in ledger.executions() if RunRequest.from_json(e.request_json).chat_id == chat_id
+        e
+        for e in await ledger.executions()
+        if RunRequest.from_json(e.request_json).chat_id == chat_id
     ]
     return execution
+
+
+async def taken_over(ledger: PostgresLedger, chat_id: str) -> bool:
+    """Whether the chat's run has a second owner now."""
+    return (await run_of(ledger, chat_id)).generation == 2
 
 
 async def test_the_runs_of_a_killed_owner_complete_on_the_survivor(
@@ -135,8 +132,8 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivor(
             await wait_until(
                 lambda: all(len(page.running) == 2 for page in pages), 30.0, "every tool to run"
             )
-            with reader(url) as ledger:
-                owners = {run_of(ledger, f"c{i}").owner for i in range(chats)}
+            async with reader(url) as ledger:
+                owners = {(await run_of(ledger, f"c{i}")).owner for i in range(chats)}
             before = model_requests(tmp_path)
             first_lines = [prompt_for(f"k{i}", [1, 2]).splitlines()[0] for i in range(chats)]
             assert before == Counter((line, 0) for line in first_lines)
@@ -145,15 +142,15 @@ async def test_the_runs_of_a_killed_owner_complete_on_the_survivor(
             await asyncio.to_thread(owner.kill)
             killed = time.monotonic()
             gate.set()
-            with reader(url) as ledger:
+            async with reader(url) as ledger:
                 await wait_until(
-                    lambda: all(e.status == "completed" for e in ledger.executions()),
+                    lambda: all_completed(ledger),
                     lease + 30.0,
                     "every run to complete on the survivor",
                 )
                 elapsed = time.monotonic() - killed
-                runs = [run_of(ledger, f"c{i}") for i in range(chats)]
-                steps = [ledger.steps(run.id) for run in runs]
+                runs = [await run_of(ledger, f"c{i}") for i in range(chats)]
+                steps = [await ledger.steps(run.id) for run in runs]
             # The undisturbed twin: the same calls on the survivor, nothing killed.
             base = await ChatPeer.open(survivor.ws_url("s0"))
             base_response = await base.ask(prompt_for("base", [1, 2]))
@@ -196,35 +193,35 @@ async def test_a_stale_owner_writes_nothing_for_the_run_it_lost(
             chat = await ChatPeer.open(stale.ws_url("paused"))
             await chat.browser.start_chat(prompt_for("p", [5]), "p1")
             await wait_until(lambda: ("p", 5) in page.running, 30.0, "the tool to run")
-            with reader(url) as ledger:
-                first = run_of(ledger, "p1")
+            async with reader(url) as ledger:
+
+                async def delivered_again() -> bool:
+                    tools = [s for s in await ledger.steps(first.id) if s.kind == "tool"]
+                    return [s.attempts for s in tools] == [2]
+
+                async def completed() -> bool:
+                    return (await run_of(ledger, "p1")).status == "completed"
+
+                first = await run_of(ledger, "p1")
                 # Paused past its lease: the page moves to the other process, which
                 # takes the run over once the lease lapsed and delivers the call again.
                 os.kill(stale.process.pid, signal.SIGSTOP)
                 proxy.upstream_port = new.port
                 proxy.cut_all()
-                await wait_until(
-                    lambda: run_of(ledger, "p1").generation == 2, lease + 30.0, "the take-over"
-                )
-                await wait_until(
-                    lambda: [s.attempts for s in ledger.steps(first.id) if s.kind == "tool"] == [2],
-                    30.0,
-                    "the call to be delivered again",
-                )
-                taken = run_of(ledger, "p1")
-                steps_taken = ledger.steps(first.id)
+                await wait_until(lambda: taken_over(ledger, "p1"), lease + 30.0, "the take-over")
+                await wait_until(delivered_again, 30.0, "the call to be delivered again")
+                taken = await run_of(ledger, "p1")
+                steps_taken = await ledger.steps(first.id)
                 # Back: the stale process finds out at its next renewal, and stops the run.
                 os.kill(stale.process.pid, signal.SIGCONT)
                 log = tmp_path / "server-stale.log"
                 await wait_until(lambda: "lease lost" in log.read_text(), 30.0, "the stale one")
-                after = run_of(ledger, "p1")
-                steps_after = ledger.steps(first.id)
+                after = await run_of(ledger, "p1")
+                steps_after = await ledger.steps(first.id)
                 gate.set()
-                await wait_until(
-                    lambda: run_of(ledger, "p1").status == "completed", 30.0, "the run to complete"
-                )
-                done = run_of(ledger, "p1")
-                steps_done = ledger.steps(first.id)
+                await wait_until(completed, 30.0, "the run to complete")
+                done = await run_of(ledger, "p1")
+                steps_done = await ledger.steps(first.id)
             await chat.close()
         finally:
             await page.close()
@@ -261,17 +258,17 @@ async def test_a_process_starting_beside_a_live_one_leaves_its_runs_alone(
             )
             await asyncio.to_thread(other.start)
             try:
-                with reader(url) as ledger:
-                    first = run_of(ledger, "b1")
+                async with reader(url) as ledger:
+                    first = await run_of(ledger, "b1")
                     # Several of the newcomer's take-over rounds (one every lease / 3),
                     # each finding the live owner's lease renewed.
                     for _ in range(6):
                         await asyncio.sleep(lease / 3)
-                        now = run_of(ledger, "b1")
+                        now = await run_of(ledger, "b1")
                         assert (now.owner, now.generation) == (first.owner, 1)
                     gate.set()
                     response = await chat.response(request_id)
-                    done = run_of(ledger, "b1")
+                    done = await run_of(ledger, "b1")
             finally:
                 await asyncio.to_thread(other.stop)
             await chat.close()

@@ -187,7 +187,7 @@ async def test_http_resolves_are_checked(tmp_path: Path, chunk_collector: ChunkC
         request_id = await page.start_chat(_prompt(), chat_id=CHAT)
         invokes = [await page.expect("cf_agent_client_tool_invoke") for _ in range(2 * len(TABLE))]
         ledger = server.app.state.ledger
-        steps = {i["requestId"]: ledger.step_by_request_id(i["requestId"]) for i in invokes}
+        steps = {i["requestId"]: await ledger.step_by_request_id(i["requestId"]) for i in invokes}
         host, port = server.host, server.port
         for invoke in invokes:
             if invoke["input"]["case"] != "bad":
@@ -262,19 +262,21 @@ async def test_a_result_for_a_step_no_run_waits_for_is_checked_against_the_recor
     # asked for its step: only the ledger answers, with the spec recorded there.
     async with running_server(_config(tmp_path / "l.sqlite3")) as server:
         ledger = server.app.state.ledger
-        execution = ledger.start_execution(SESSION, '{"chatId":"x","messages":[]}', now=0.0)
+        execution = await ledger.start_execution(SESSION, '{"chatId":"x","messages":[]}', now=0.0)
         schema = {"type": "array", "prefixItems": [{"type": "string"}]}
         spec = json.dumps({"name": "t", "inputSchema": {}, "outputSchema": schema})
         for seq, request_id in ((0, "a" * 32), (1, "b" * 32)):
-            ledger.record_step(execution.id, seq, "tool", "t", "{}", "client", 0.0, request_id)
-            ledger.record_spec(execution.id, seq, spec)
+            await ledger.record_step(
+                execution.id, seq, "tool", "t", "{}", "client", 0.0, request_id
+            )
+            await ledger.record_spec(execution.id, seq, spec)
         page = await FakeBrowser.connect(server.ws_url(SESSION), chunk_collector)
         await page.send_result("a" * 32, output=[1])
         ack = await page.ack_for("a" * 32)
         assert ack["outcome"] == "invalid"
         assert _jsonschema_message(schema, [1]) in ack["message"]
-        assert ledger.get_step(execution.id, 0).error()["code"] == "invalid_output"
+        assert (await ledger.get_step(execution.id, 0)).error()["code"] == "invalid_output"
         await page.send_result("b" * 32, output=["x"])
         assert (await page.ack_for("b" * 32))["outcome"] == "applied"
-        assert ledger.get_step(execution.id, 1).result() == ["x"]
+        assert (await ledger.get_step(execution.id, 1)).result() == ["x"]
         await page.close()

@@ -380,25 +380,26 @@ async def test_the_listing_is_newest_first_and_pages_with_before(tmp_path: Path)
     config = ServerConfig(port=0, log_level="warning", db=str(tmp_path / "l.sqlite3"))
     async with running_server(config) as running:
         ledger, pending = running.app.state.ledger, running.pending
-        ids = [ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=t).id
+        ids = [(await ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=t)).id
                for t in (10.0, 20.0, 30.0, 40.0, 50.0)]  # fmt: skip
-        ledger.set_status(ids[1], "completed", now=60.0)
-        first = pending.executions(limit=2)
+        await ledger.set_status(ids[1], "completed", now=60.0)
+        first = await pending.executions(limit=2)
         assert [e["executionId"] for e in first] == [ids[4], ids[3]]
         assert first[0]["createdAt"] == "1970-01-01T00:00:50.000Z"
-        second = pending.executions(limit=2, before=first[-1]["executionId"])
+        second = await pending.executions(limit=2, before=first[-1]["executionId"])
         assert [e["executionId"] for e in second] == [ids[2], ids[1]]
-        rest = pending.executions(limit=2, before=second[-1]["executionId"])
+        rest = await pending.executions(limit=2, before=second[-1]["executionId"])
         assert [e["executionId"] for e in rest] == [ids[0]]
-        assert [e["executionId"] for e in pending.executions(status="completed")] == [ids[1]]
+        completed = await pending.executions(status="completed")
+        assert [e["executionId"] for e in completed] == [ids[1]]
         # No run waits for anything here: unfinished executions are listed as running.
-        assert {e["status"] for e in pending.executions(status="running")} == {"running"}
-        assert pending.executions(status="paused") == []
-        assert pending.executions(session="other") == []
+        assert {e["status"] for e in await pending.executions(status="running")} == {"running"}
+        assert await pending.executions(status="paused") == []
+        assert await pending.executions(session="other") == []
         with pytest.raises(InvalidQuery):
-            pending.executions(before="nope")
+            await pending.executions(before="nope")
         with pytest.raises(InvalidQuery):
-            pending.executions(limit=0)
+            await pending.executions(limit=0)
         reply = await http_json(running.host, running.port, "GET", "/executions?limit=x")
         assert (reply.status, set(reply.json)) == (422, {"message"})
 
@@ -429,14 +430,16 @@ async def test_no_request_gets_a_500(
     config = ServerConfig(port=0, log_level="warning", db=str(tmp_path / "l.sqlite3"))
     async with running_server(config) as running:
         ledger = running.app.state.ledger
-        execution = ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=1.0)
-        ledger.record_step(execution.id, 0, "model", "m", "{}", "server", 1.0, result_json="{}")
-        ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", 1.0, "r" * 32)
-        before = ledger.steps(execution.id)
+        execution = await ledger.start_execution("s", '{"chatId":"c","messages":[]}', now=1.0)
+        await ledger.record_step(
+            execution.id, 0, "model", "m", "{}", "server", 1.0, result_json="{}"
+        )
+        await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", 1.0, "r" * 32)
+        before = await ledger.steps(execution.id)
         reply = await http_json(
             running.host, running.port, method, path.replace("/E/", f"/{execution.id}/"),
             raw=raw if raw is not None else None,
         )  # fmt: skip
         assert reply.status in (404, 422), (reply.status, reply.body[:200])
         assert "message" in reply.json
-        assert ledger.steps(execution.id) == before
+        assert await ledger.steps(execution.id) == before

@@ -19,9 +19,9 @@ from typing import Any
 from clienttools.client import ToolClient
 from clienttools.context import ToolContext
 from clienttools.native import NativeConnector
-from clienttools_server.ledger_postgres import PostgresLedger
 from tests.reliability.harness import ChatPeer, Page, prompt_for, transcript_of
 from tests.server.server_harness import ChunkCollector, FakeBrowser
+from tests.support.cluster import all_completed, reader
 from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
 from tests.support.postgres import PostgresServer
@@ -312,8 +312,8 @@ async def test_a_resolve_over_http_on_a_third_process_wakes_the_run(
         chat = await ChatPeer.open(a.ws_url("h"))
         request_id = await chat.browser.start_chat(prompt_for("h", [6]), "h1")
         invoke = await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
-        with PostgresLedger(url) as reader:
-            step = reader.step_by_request_id(invoke["requestId"])
+        async with reader(url) as ledger:
+            step = await ledger.step_by_request_id(invoke["requestId"])
         assert step is not None
         reply = await http_json(
             "127.0.0.1", c.port, "POST",
@@ -385,14 +385,12 @@ async def test_the_runs_of_a_killed_owner_complete_with_their_pages_elsewhere(
                 await chat.browser.start_chat(prompt_for(f"o{i}", [i], ms=lambda n: 1000), f"o{i}")
             await wait_until(lambda: len(page.running) == 3, 20.0, "the tools to run")
             await asyncio.to_thread(a.kill)
-            with PostgresLedger(url) as reader:
+            async with reader(url) as ledger:
                 await wait_until(
-                    lambda: all(e.status == "completed" for e in reader.executions()),
-                    30.0,
-                    "every run to complete elsewhere",
+                    lambda: all_completed(ledger), 30.0, "every run to complete elsewhere"
                 )
-                runs = reader.executions()
-                steps = [reader.steps(run.id) for run in runs]
+                runs = await ledger.executions()
+                steps = [await ledger.steps(run.id) for run in runs]
             await page.settle()
         finally:
             await page.close()

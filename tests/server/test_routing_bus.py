@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
@@ -31,14 +31,14 @@ class Heard:
             bus.on(kind, self._handler(kind))
         bus.on_reconnect(self._reconnected)
 
-    def _handler(self, kind: str) -> Callable[[str, tuple[str, ...]], None]:
-        def handle(sender: str, args: tuple[str, ...]) -> None:
+    def _handler(self, kind: str) -> Callable[[str, tuple[str, ...]], Awaitable[None]]:
+        async def handle(sender: str, args: tuple[str, ...]) -> None:
             self.got.append((kind, sender, args))
             self._changed.set()
 
         return handle
 
-    def _reconnected(self) -> None:
+    async def _reconnected(self) -> None:
         self.reconnects += 1
         self._changed.set()
 
@@ -53,7 +53,7 @@ class Heard:
 
 @contextlib.asynccontextmanager
 async def two_processes(url: str) -> AsyncIterator[tuple[PostgresLedger, Bus, PostgresLedger, Bus]]:
-    with PostgresLedger(url) as a, PostgresLedger(url) as b:
+    async with await PostgresLedger.connect(url) as a, await PostgresLedger.connect(url) as b:
         bus_a, bus_b = Bus(a), Bus(b)
         try:
             yield a, bus_a, b, bus_b
@@ -69,8 +69,8 @@ async def test_a_notification_reaches_its_target_only_and_a_broadcast_all(
         heard_a, heard_b = Heard(bus_a, "ping", "all"), Heard(bus_b, "ping", "all")
         await bus_a.start()
         await bus_b.start()
-        a.notify(b.owner, "ping", "x 1", '\u00e9"')
-        a.notify(None, "all", "y")
+        await a.notify(b.owner, "ping", "x 1", '\u00e9"')
+        await a.notify(None, "all", "y")
         await heard_b.until(lambda: len(heard_b.got) == 2)
         await heard_a.until(lambda: len(heard_a.got) == 1)
         assert heard_b.got == [("ping", a.owner, ("x 1", '\u00e9"')), ("all", a.owner, ("y",))]
@@ -79,38 +79,40 @@ async def test_a_notification_reaches_its_target_only_and_a_broadcast_all(
 
 
 async def test_processes_of_another_schema_hear_nothing(postgres: PostgresServer) -> None:
-    async with two_processes(postgres.fresh_url()) as (a, bus_a, _b, _bus_b):
-        with PostgresLedger(postgres.fresh_url()) as elsewhere:
-            bus = Bus(elsewhere)
-            heard = Heard(bus, "all")
-            heard_a = Heard(bus_a, "all")
-            try:
-                await bus.start()
-                await bus_a.start()
-                elsewhere.notify(None, "all", "other schema")
-                a.notify(None, "all", "this schema")
-                await heard_a.until(lambda: bool(heard_a.got))
-                await heard.until(lambda: bool(heard.got))
-                assert [args for _, _, args in heard_a.got] == [("this schema",)]
-                assert [args for _, _, args in heard.got] == [("other schema",)]
-            finally:
-                await bus.close()
+    async with (
+        two_processes(postgres.fresh_url()) as (a, bus_a, _b, _bus_b),
+        await PostgresLedger.connect(postgres.fresh_url()) as elsewhere,
+    ):
+        bus = Bus(elsewhere)
+        heard = Heard(bus, "all")
+        heard_a = Heard(bus_a, "all")
+        try:
+            await bus.start()
+            await bus_a.start()
+            await elsewhere.notify(None, "all", "other schema")
+            await a.notify(None, "all", "this schema")
+            await heard_a.until(lambda: bool(heard_a.got))
+            await heard.until(lambda: bool(heard.got))
+            assert [args for _, _, args in heard_a.got] == [("this schema",)]
+            assert [args for _, _, args in heard.got] == [("other schema",)]
+        finally:
+            await bus.close()
 
 
 async def test_a_notification_in_a_batch_comes_after_its_rows(postgres: PostgresServer) -> None:
     async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
         seen: list[object] = []
 
-        def read_the_step(sender: str, args: tuple[str, ...]) -> None:
-            step = b.get_step(args[0], int(args[1]))
+        async def read_the_step(sender: str, args: tuple[str, ...]) -> None:
+            step = await b.get_step(args[0], int(args[1]))
             seen.append(None if step is None else step.state)
 
         bus_b.on("recorded", read_the_step)
         await bus_b.start()
-        execution = a.start_execution("chat-1", "{}", T0)
-        with a.batch():
-            a.record_step(execution.id, 0, "tool", "t", "{}", "client", T0, "req-1")
-            a.notify(b.owner, "recorded", execution.id, "0")
+        execution = await a.start_execution("chat-1", "{}", T0)
+        async with a.batch():
+            await a.record_step(execution.id, 0, "tool", "t", "{}", "client", T0, "req-1")
+            await a.notify(b.owner, "recorded", execution.id, "0")
             # Not before the commit: the batch is still open here.
             await asyncio.sleep(0.2)
             assert seen == []
@@ -124,10 +126,11 @@ async def test_a_rolled_back_batch_notifies_nobody(postgres: PostgresServer) -> 
     async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
         heard = Heard(bus_b, "lost", "after")
         await bus_b.start()
-        with pytest.raises(psycopg.errors.DivisionByZero), a.batch():
-            a.notify(b.owner, "lost")
-            a._write_one("SELECT 1/0", ())  # a database error rolls the batch back
-        a.notify(b.owner, "after")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            async with a.batch():
+                await a.notify(b.owner, "lost")
+                await a.statement("SELECT 1/0", ())  # a database error rolls the batch back
+        await a.notify(b.owner, "after")
         await heard.until(lambda: bool(heard.got))
         assert [kind for kind, _, _ in heard.got] == ["after"]
 
@@ -136,7 +139,7 @@ async def test_the_bus_reconnects_after_a_restart_of_postgresql(postgres: Postgr
     async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
         heard = Heard(bus_b, "ping")
         await bus_b.start()
-        a.notify(b.owner, "ping", "before")
+        await a.notify(b.owner, "ping", "before")
         await heard.until(lambda: len(heard.got) == 1)
         postgres.stop()
         try:
@@ -147,7 +150,7 @@ async def test_the_bus_reconnects_after_a_restart_of_postgresql(postgres: Postgr
         assert bus_b.listening and bus_b.connects == 2
         for _ in range(50):  # the pool reconnects by itself, within about 2 s
             try:
-                a.notify(b.owner, "ping", "after")
+                await a.notify(b.owner, "ping", "after")
                 break
             except Exception:
                 await asyncio.sleep(0.1)
@@ -165,9 +168,9 @@ def test_payloads_carry_any_id_and_refuse_what_is_not_ours() -> None:
         encode("p", "k", (3,))  # type: ignore[arg-type]
 
 
-def test_sqlite_has_one_process_and_refuses_to_notify_another() -> None:
-    with SqliteLedger(":memory:") as ledger:
-        ledger.notify(None, "anything")
-        ledger.notify(ledger.owner, "anything")
+async def test_sqlite_has_one_process_and_refuses_to_notify_another() -> None:
+    async with SqliteLedger(":memory:") as ledger:
+        await ledger.notify(None, "anything")
+        await ledger.notify(ledger.owner, "anything")
         with pytest.raises(RuntimeError, match="one process"):
-            ledger.notify("another-process", "anything")
+            await ledger.notify("another-process", "anything")

@@ -187,7 +187,7 @@ async def test_abort_cancels_browser_calls(server: RunningServer, tab: FakeBrows
     await tab.send_result(invoke["requestId"], output=1)
     assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "stale"
     await settled(server.hub)
-    [execution] = server.app.state.ledger.executions()
+    [execution] = await server.app.state.ledger.executions()
     assert execution.status == "error" and execution.error == "aborted"
 
 
@@ -229,7 +229,7 @@ async def test_chat_page_may_leave_while_the_run_goes_on(
         response = await back.response("again")
         assert response.text == "hold -> [1]"
     await settled(server.hub)
-    [execution] = server.app.state.ledger.executions()
+    [execution] = await server.app.state.ledger.executions()
     assert execution.status == "completed"
 
 

@@ -43,7 +43,7 @@ async def test_restart_replays_and_redelivers(
         await tab.close()  # the page goes away too; the server then stops mid-call
     second_model = CountingModel()
     async with running_server(_config(db), model=second_model) as server:
-        [execution] = server.app.state.ledger.executions()
+        [execution] = await server.app.state.ledger.executions()
         assert execution.status == "running"
         tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
         await tab.register([tool_spec("t")], client_id="page-1")
@@ -63,8 +63,8 @@ async def test_restart_replays_and_redelivers(
         assert second_model.calls == 1
         await tab.close()
         await settled(server.hub)
-        assert server.app.state.ledger.get_execution(execution.id).status == "completed"
-        steps = server.app.state.ledger.steps(execution.id)
+        assert (await server.app.state.ledger.get_execution(execution.id)).status == "completed"
+        steps = await server.app.state.ledger.steps(execution.id)
         assert [(s.kind, s.name, s.state) for s in steps] == [
             ("model", "scripted", "applied"),
             ("tool", "server_time", "applied"),
@@ -90,9 +90,9 @@ async def test_result_sent_to_the_restarted_server_before_replay_waits(
         await tab.send_result(invoke["requestId"], output=42)
         assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "applied"
         await settled(server.hub)
-        [execution] = server.app.state.ledger.executions()
+        [execution] = await server.app.state.ledger.executions()
         assert execution.status == "completed"
-        assert server.app.state.ledger.steps(execution.id)[-1].result() == {
+        assert (await server.app.state.ledger.steps(execution.id))[-1].result() == {
             "events": [{"text": w} for w in ["t ", "-> ", "42"]]
         }
         await tab.close()
@@ -101,18 +101,27 @@ async def test_result_sent_to_the_restarted_server_before_replay_waits(
 async def test_divergence_fails_the_run_naming_the_step(tmp_path: Path) -> None:
     db = tmp_path / "ledger.sqlite3"
     request = RunRequest("chat-x", [_user('call t {"a": 1}')])
-    with SqliteLedger(db) as ledger:
-        run = ledger.start_execution("s1", request.to_json(), now=time.time())
+    async with SqliteLedger(db) as ledger:
+        run = await ledger.start_execution("s1", request.to_json(), now=time.time())
         step_input = first_step_input('call t {"a": 1}')
-        ledger.record_step(run.id, 0, "model", "scripted", step_input, "server", now=time.time())
+        await ledger.record_step(
+            run.id, 0, "model", "scripted", step_input, "server", now=time.time()
+        )
         call = {"toolCallId": "c1", "toolName": "t", "input": {"a": 1}}
-        ledger.resolve(run.id, 0, canonical_json({"events": [{"toolCall": call}]}), now=time.time())
+        answer = canonical_json({"events": [{"toolCall": call}]})
+        await ledger.resolve(run.id, 0, answer, now=time.time())
         # The record at seq 1 says the call had another input.
-        ledger.record_step(run.id, 1, "tool", "t", '{"a": 2}', "client", time.time(), "r" * 32)
+        await ledger.record_step(
+            run.id, 1, "tool", "t", '{"a": 2}', "client", time.time(), "r" * 32
+        )
     async with running_server(_config(db)) as server:
         ledger = server.app.state.ledger
-        await wait_until(lambda: ledger.get_execution(run.id).status == "error", 5)
-        error = ledger.get_execution(run.id).error
+
+        async def failed() -> bool:
+            return (await ledger.get_execution(run.id)).status == "error"
+
+        await wait_until(failed, 5)
+        error = (await ledger.get_execution(run.id)).error
         assert "step 1" in error and "diverged" in error
         await settled(server.hub)
 
@@ -130,15 +139,18 @@ async def test_resolve_and_reject_never_raise(
         await tab.register([tool_spec("t")])
         request_id = await tab.start_chat("call t {}\ncall t {}")
         invokes = [await tab.expect("cf_agent_client_tool_invoke") for _ in range(2)]
-        [execution] = server.app.state.ledger.executions()
-        step1, step2 = (server.app.state.ledger.step_by_request_id(i["requestId"]) for i in invokes)
-        too_big = hub.resolve(execution.id, step1.seq, "x" * 1_000_001)
+        ledger = server.app.state.ledger
+        [execution] = await ledger.executions()
+        step1, step2 = [await ledger.step_by_request_id(i["requestId"]) for i in invokes]
+        too_big = await hub.resolve(execution.id, step1.seq, "x" * 1_000_001)
         assert not too_big.ok and too_big.reason == "too_large"
-        assert hub.resolve(execution.id, 99, 1).reason == "not_found"
-        assert hub.resolve("no-such-run", 0, 1).reason == "not_found"
-        assert hub.resolve(execution.id, step1.seq, {"by": "api"}).ok
-        assert hub.resolve(execution.id, step1.seq, 2).reason == "not_pending"
-        assert hub.reject(execution.id, step2.seq, "tool_error", "refused by an operator").ok
+        assert (await hub.resolve(execution.id, 99, 1)).reason == "not_found"
+        assert (await hub.resolve("no-such-run", 0, 1)).reason == "not_found"
+        assert (await hub.resolve(execution.id, step1.seq, {"by": "api"})).ok
+        assert (await hub.resolve(execution.id, step1.seq, 2)).reason == "not_pending"
+        assert (
+            await hub.reject(execution.id, step2.seq, "tool_error", "refused by an operator")
+        ).ok
         cancels = [await tab.expect("cf_agent_client_tool_cancel") for _ in range(2)]
         assert {c["reason"] for c in cancels} == {"superseded"}
         response = await tab.response(request_id)
@@ -166,7 +178,7 @@ async def test_paused_run_expires_after_its_ttl(
         assert response.of_type("error")[0]["errorText"] == (
             "this run waited longer than its time to live and expired"
         )
-        [execution] = server.app.state.ledger.executions()
+        [execution] = await server.app.state.ledger.executions()
         assert execution.status == "expired"
         await chat.close()
         await settled(server.hub)
@@ -205,20 +217,24 @@ async def test_finished_executions_are_pruned_after_the_retention(
         await tab.response(await tab.start_chat("hello", chat_id="chat-1"))
         request_id = await tab.start_chat("call t {}", chat_id="chat-2")
         invoke = await tab.expect("cf_agent_client_tool_invoke")  # chat-2 waits on the page
-        [finished] = ledger.executions(["completed"])
+        [finished] = await ledger.executions(["completed"])
         clock.advance(60)
-        assert hub.prune_now() == 0  # strictly older than the retention, like the TTL
+        assert await hub.prune_now() == 0  # strictly older than the retention, like the TTL
         clock.advance(1)
-        assert hub.prune_now() == 1
-        assert ledger.get_execution(finished.id) is None
-        assert ledger.steps(finished.id) == []
+        assert await hub.prune_now() == 1
+        assert await ledger.get_execution(finished.id) is None
+        assert await ledger.steps(finished.id) == []
         # The waiting run is not finished: it stays, however old.
-        [waiting] = ledger.executions()
-        assert waiting.status == "running" and len(ledger.pending_steps()) == 1
+        [waiting] = await ledger.executions()
+        assert waiting.status == "running" and len(await ledger.pending_steps()) == 1
         assert len(hub.finished)  # a late resume still reaches the ended response, for resume_grace
         await tab.send_result(invoke["requestId"], output=1)
         await tab.response(request_id)
         clock.advance(301)  # the expiry loop (every 30 s here) prunes both by itself
-        await wait_until(lambda: not ledger.executions() and not len(hub.finished), 5, "the prune")
+
+        async def pruned() -> bool:
+            return not await ledger.executions() and not len(hub.finished)
+
+        await wait_until(pruned, 5, "the prune")
         await tab.close()
         await settled(hub)

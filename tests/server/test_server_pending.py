@@ -54,8 +54,9 @@ async def test_known_tool_without_a_live_page_waits_and_is_delivered_later(
     assert menu.text.startswith("I can call these tools: server_time, t.")
     request_id = await chat.start_chat('call t {"n": 1}', chat_id="chat-k")
     await wait_until(lambda: server.hub.stats()["pending_calls"] == 1, 5)
-    [execution] = [e for e in server.app.state.ledger.executions() if e.status == "running"]
-    step = server.app.state.ledger.steps(execution.id)[1]
+    ledger = server.app.state.ledger
+    [execution] = [e for e in await ledger.executions() if e.status == "running"]
+    step = (await ledger.steps(execution.id))[1]
     # Pending, resolution client, and never delivered: nothing went out yet.
     assert (step.name, step.resolution, step.state, step.attempts) == ("t", "client", "pending", 0)
     await chat.chunk(request_id, "tool-input-available")
@@ -160,22 +161,22 @@ async def test_duplicate_resolve_keeps_the_first_value(
         request_id = await tab.start_chat("call t {}")
         invoke = await tab.expect("cf_agent_client_tool_invoke")
         ledger = server.app.state.ledger
-        step = ledger.step_by_request_id(invoke["requestId"])
-        first = server.hub.resolve(step.execution_id, step.seq, {"v": 1})
-        second = server.hub.resolve(step.execution_id, step.seq, {"v": 2})
-        again = server.hub.reject(step.execution_id, step.seq, "tool_error", "too late")
+        step = await ledger.step_by_request_id(invoke["requestId"])
+        first = await server.hub.resolve(step.execution_id, step.seq, {"v": 1})
+        second = await server.hub.resolve(step.execution_id, step.seq, {"v": 2})
+        again = await server.hub.reject(step.execution_id, step.seq, "tool_error", "too late")
         assert first.ok and first.reason == "applied"
         assert (second.ok, second.reason) == (False, "not_pending")
         assert (again.ok, again.reason) == (False, "not_pending")
         assert "already applied" in second.message
-        assert ledger.get_step(step.execution_id, step.seq).result() == {"v": 1}
+        assert (await ledger.get_step(step.execution_id, step.seq)).result() == {"v": 1}
         cancel = await tab.expect("cf_agent_client_tool_cancel", requestId=invoke["requestId"])
         assert cancel["reason"] == "superseded"
         assert (await tab.response(request_id)).text == 't -> {"v":1}'
         # The page's own result comes too late: the call was settled from outside.
         await tab.send_result(invoke["requestId"], output={"v": 3})
         assert (await tab.ack_for(invoke["requestId"]))["outcome"] == "stale"
-        assert ledger.get_step(step.execution_id, step.seq).result() == {"v": 1}
+        assert (await ledger.get_step(step.execution_id, step.seq)).result() == {"v": 1}
         await tab.close()
         await settled(server.hub)
 
@@ -192,17 +193,17 @@ async def test_stale_resolve_after_expiry_and_after_a_timeout(
         # A call that expired:
         expiring = await chat.start_chat("call t {}", chat_id="chat-x")
         invoke = await tools.expect("cf_agent_client_tool_invoke")
-        step = ledger.step_by_request_id(invoke["requestId"])
+        step = await ledger.step_by_request_id(invoke["requestId"])
         await tools.close()
         response = await chat.response(expiring)
         assert response.of_type("error")[0]["errorText"] == (
             "this run waited longer than its time to live and expired"
         )
-        stale = server.hub.resolve(step.execution_id, step.seq, "too late")
+        stale = await server.hub.resolve(step.execution_id, step.seq, "too late")
         assert (stale.ok, stale.reason) == (False, "not_pending")
         assert "already expired" in stale.message
-        assert ledger.get_step(step.execution_id, step.seq).state == "expired"
-        assert ledger.get_execution(step.execution_id).status == "expired"
+        assert (await ledger.get_step(step.execution_id, step.seq)).state == "expired"
+        assert (await ledger.get_execution(step.execution_id)).status == "expired"
         # A call that timed out (the run went on without it):
         tools = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
         await tools.register([tool_spec("slow", timeoutMs=100)])
@@ -210,10 +211,10 @@ async def test_stale_resolve_after_expiry_and_after_a_timeout(
         invoke = await tools.expect("cf_agent_client_tool_invoke")
         text = (await chat.response(timing_out)).text
         assert text.startswith("slow failed: timeout: ")
-        step = ledger.step_by_request_id(invoke["requestId"])
-        stale = server.hub.reject(step.execution_id, step.seq, "tool_error", "too late")
+        step = await ledger.step_by_request_id(invoke["requestId"])
+        stale = await server.hub.reject(step.execution_id, step.seq, "tool_error", "too late")
         assert (stale.ok, stale.reason) == (False, "not_pending")
-        assert ledger.get_step(step.execution_id, step.seq).error()["code"] == "timeout"
+        assert (await ledger.get_step(step.execution_id, step.seq)).error()["code"] == "timeout"
         await tools.send_result(invoke["requestId"], output=1)
         assert (await tools.ack_for(invoke["requestId"]))["outcome"] == "stale"
         await chat.close()
@@ -229,10 +230,10 @@ async def test_resolve_refuses_steps_the_server_settles_itself(
     tab = await open_browser(server)
     request_id = await tab.start_chat("hello")
     await asyncio.wait_for(model.entered.wait(), 5)
-    [execution] = server.app.state.ledger.executions()
+    [execution] = await server.app.state.ledger.executions()
     for outcome in (
-        server.hub.resolve(execution.id, 0, {"events": [{"text": "forged"}]}),
-        server.hub.reject(execution.id, 0, "tool_error", "forged"),
+        await server.hub.resolve(execution.id, 0, {"events": [{"text": "forged"}]}),
+        await server.hub.reject(execution.id, 0, "tool_error", "forged"),
     ):
         assert (outcome.ok, outcome.reason) == (False, "invalid")
         assert "only client and approval steps can be resolved" in outcome.message
@@ -252,14 +253,19 @@ async def test_divergent_tool_name_stops_the_run_before_any_invoke(
     request = RunRequest("chat-div", [{"id": "u", "role": "user", "parts": [
         {"type": "text", "text": text},
     ]}])  # fmt: skip
-    with SqliteLedger(db) as ledger:
-        run = ledger.start_execution("s1", request.to_json(), now=time.time())
+    async with SqliteLedger(db) as ledger:
+        run = await ledger.start_execution("s1", request.to_json(), now=time.time())
         step_input = first_step_input(text)
-        ledger.record_step(run.id, 0, "model", "scripted", step_input, "server", now=time.time())
+        await ledger.record_step(
+            run.id, 0, "model", "scripted", step_input, "server", now=time.time()
+        )
         call = {"toolCallId": "c1", "toolName": "t", "input": {"a": 1}}
-        ledger.resolve(run.id, 0, canonical_json({"events": [{"toolCall": call}]}), time.time())
+        answer = canonical_json({"events": [{"toolCall": call}]})
+        await ledger.resolve(run.id, 0, answer, time.time())
         # The record at seq 1 says another tool was called (same input).
-        ledger.record_step(run.id, 1, "tool", "u", '{"a": 1}', "client", time.time(), "r" * 32)
+        await ledger.record_step(
+            run.id, 1, "tool", "u", '{"a": 1}', "client", time.time(), "r" * 32
+        )
     async with running_server(_config(db)) as server:
         ledger = server.app.state.ledger
         page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
@@ -273,12 +279,12 @@ async def test_divergent_tool_name_stops_the_run_before_any_invoke(
             "the run diverged from its record at step 1 (recorded 'u', asked 't') and was stopped"
         )
         assert page.invokes == []
-        execution = ledger.get_execution(run.id)
+        execution = await ledger.get_execution(run.id)
         assert execution.status == "error" and "step 1" in (execution.error or "")
         # The record is not rewritten; its pending entry is closed, so a resolve is stale.
-        recorded = ledger.get_step(run.id, 1)
+        recorded = await ledger.get_step(run.id, 1)
         assert (recorded.name, recorded.state) == ("u", "error")
-        assert server.hub.resolve(run.id, 1, 1).reason == "not_pending"
+        assert (await server.hub.resolve(run.id, 1, 1)).reason == "not_pending"
         await page.close()
         await settled(server.hub)
 

@@ -61,22 +61,22 @@ async def ask_until_served(
         await asyncio.sleep(0.2)
 
 
-def ledger_runs(url: str) -> list[tuple[str, str, str, list[object]]]:
+async def ledger_runs(url: str) -> list[tuple[str, str, str, list[object]]]:
     """(session, chat id, status, tool outcomes in seq order) of every run in the ledger.
 
     A tool's outcome is its result once applied, else its state ("pending", "error").
     """
-    ledger = open_ledger(url)
+    ledger = await open_ledger(url)
     try:
         runs: list[tuple[str, str, str, list[object]]] = []
-        for execution in ledger.executions():
+        for execution in await ledger.executions():
             chat_id = RunRequest.from_json(execution.request_json).chat_id
-            tools = [s for s in ledger.steps(execution.id) if s.kind == "tool"]
+            tools = [s for s in await ledger.steps(execution.id) if s.kind == "tool"]
             outcomes = [s.result() if s.state == "applied" else s.state for s in tools]
             runs.append((execution.session, chat_id, execution.status, outcomes))
         return sorted(runs, key=str)
     finally:
-        ledger.close()
+        await ledger.close()
 
 
 async def test_three_processes_share_one_ledger(postgres: PostgresServer, tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ async def test_three_processes_share_one_ledger(postgres: PostgresServer, tmp_pa
             for page in pages:
                 await page.close()
         # One ledger holds the runs of all three.
-        assert ledger_runs(url) == [
+        assert await ledger_runs(url) == [
             (f"s{n - 1}", "chat-1", "completed", [{"n": n, "sq": n * n}]) for n in (1, 2, 3)
         ]
 
@@ -123,14 +123,16 @@ async def test_a_run_of_a_killed_process_goes_on_where_another_starts(
             await asyncio.to_thread(second.stop)
             await asyncio.to_thread(second.start)
             await page.settle(timeout=60.0)
-            await wait_until(
-                lambda: ledger_runs(url)[0][2] == "completed", 60.0, "the run to complete"
-            )
+
+            async def completed() -> bool:
+                return (await ledger_runs(url))[0][2] == "completed"
+
+            await wait_until(completed, 60.0, "the run to complete")
         finally:
             await page.close()
         assert not proxy.errors, proxy.errors
     assert page.executions == {("moved", 7): 1}  # delivered again, yet run once
-    assert ledger_runs(url) == [("moved", "m1", "completed", [{"n": 7, "sq": 49}])]
+    assert await ledger_runs(url) == [("moved", "m1", "completed", [{"n": 7, "sq": 49}])]
 
 
 async def test_a_call_in_flight_waits_for_the_database(
@@ -167,7 +169,7 @@ async def test_a_call_in_flight_waits_for_the_database(
     [output] = response.of_type("tool-output-available")
     assert output["output"] == {"n": 5, "sq": 25}
     assert page.executions == {("away", 5): 1}
-    assert ledger_runs(url) == [("away", "a1", "completed", [{"n": 5, "sq": 25}])]
+    assert await ledger_runs(url) == [("away", "a1", "completed", [{"n": 5, "sq": 25}])]
 
 
 async def test_a_timeout_the_database_cannot_record_does_not_happen(
@@ -203,7 +205,7 @@ async def test_a_timeout_the_database_cannot_record_does_not_happen(
     assert page.cancelled == set()
     [output] = response.of_type("tool-output-available")
     assert output["output"] == {"n": 3, "sq": 9}
-    assert ledger_runs(url) == [("late", "l1", "completed", [{"n": 3, "sq": 9}])]
+    assert await ledger_runs(url) == [("late", "l1", "completed", [{"n": 3, "sq": 9}])]
 
 
 async def test_a_chat_started_while_the_database_is_away_is_refused(
@@ -223,4 +225,4 @@ async def test_a_chat_started_while_the_database_is_away_is_refused(
         # Nothing was recorded, and the same process serves again once the database is back.
         response = await ask_until_served(server, "refused", "hello")
     assert response.text
-    assert [run[2] for run in ledger_runs(url)] == ["completed"]
+    assert [run[2] for run in await ledger_runs(url)] == ["completed"]

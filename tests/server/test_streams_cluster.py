@@ -27,8 +27,9 @@ from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
 from tests.server.server_harness import Response, settled
-from tests.server.test_leases import AGENT, GatedPage, reader, run_of
+from tests.server.test_leases import AGENT, GatedPage, run_of, taken_over
 from tests.support.chunks import normalized
+from tests.support.cluster import reader
 from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
@@ -99,14 +100,14 @@ async def undisturbed(server: ServerProcess, prompt: str) -> Response:
     return response
 
 
-def published(url: str, chat_id: str) -> int:
-    """How many rows the chunks table holds for the chat's execution."""
-    with reader(url) as ledger:
-        execution = run_of(ledger, chat_id)
-        [(count,)] = ledger.statement(
+async def published(url: str, chat_id: str, count: int) -> bool:
+    """Whether the chunks table holds `count` rows for the chat's execution."""
+    async with reader(url) as ledger:
+        execution = await run_of(ledger, chat_id)
+        [(rows,)] = await ledger.statement(
             "SELECT count(*) FROM chunks WHERE execution_id = %s", (execution.id,)
         )
-    return int(count)
+    return int(rows) == count
 
 
 async def test_a_response_started_on_one_process_is_resumed_on_another_and_goes_on_live(
@@ -198,8 +199,8 @@ async def test_an_abort_on_another_process_stops_the_run_on_its_owner(
             from_a = await on_a.response(request_id)
             from_b = await on_b.response(followed)
             await wait_until(lambda: ("x", 7) in page.cancelled, TIMEOUT, "the tool's cancel")
-            with reader(url) as ledger:
-                execution = run_of(ledger, "c1")
+            async with reader(url) as ledger:
+                execution = await run_of(ledger, "c1")
             await on_a.close()
             await on_b.close()
         finally:
@@ -262,7 +263,7 @@ async def test_a_run_taken_over_after_its_owner_died_is_resumed_on_a_third_proce
             request_id = await on_a.browser.start_chat(PROMPT, "c1")
             await wait_until(lambda: len(page.running) == 2, TIMEOUT, "both tools to run")
             seen = len(on_a.browser.chunks[request_id])
-            await wait_until(lambda: published(url, "c1") == seen, TIMEOUT, "A to publish")
+            await wait_until(lambda: published(url, "c1", seen), TIMEOUT, "A to publish")
             proxy.upstream_port = c.port
             await asyncio.to_thread(a.kill)
             # The page's chat socket went with A; it resumes on B.
@@ -271,9 +272,9 @@ async def test_a_run_taken_over_after_its_owner_died_is_resumed_on_a_third_proce
             await started(on_b, rest)
             gate.set()
             from_b = await on_b.response(rest)
-            with reader(url) as ledger:
-                execution = run_of(ledger, "c1")
-                owners = {run_of(ledger, "undisturbed").owner}
+            async with reader(url) as ledger:
+                execution = await run_of(ledger, "c1")
+                owners = {(await run_of(ledger, "undisturbed")).owner}
             await on_b.close()
         finally:
             await page.close()
@@ -346,13 +347,13 @@ async def test_a_replay_keeps_the_numbering_the_pages_saw(
             seen = on_a.browser.chunks[request_id][:]  # the page's chat socket drops here
             await on_a.close()
             page.gates[2].set()
-            await wait_until(lambda: published(url, "c1") == len(seen) + 1, TIMEOUT, "2's output")
+            await wait_until(lambda: published(url, "c1", len(seen) + 1), TIMEOUT, "2's output")
             proxy.upstream_port = c.port
             await asyncio.to_thread(a.kill)
             on_c = await ChatPeer.open(c.ws_url("s"))
-            with reader(url) as ledger:
+            async with reader(url) as ledger:
                 await wait_until(
-                    lambda: run_of(ledger, "c1").generation == 2, TIMEOUT, "C to take the run over"
+                    lambda: taken_over(ledger, "c1"), TIMEOUT, "C to take the run over"
                 )
             rest = await resume(on_c, "c1", len(seen) - 1)
             await started(on_c, rest)
@@ -388,14 +389,12 @@ async def test_a_chat_on_a_process_that_lost_the_run_follows_the_new_owner(
             chat = await ChatPeer.open(stale.ws_url("s"))
             request_id = await chat.browser.start_chat(prompt_for("p", [5]), "c1")
             await wait_until(lambda: ("p", 5) in page.running, TIMEOUT, "the tool to run")
-            with reader(url) as ledger:
+            async with reader(url) as ledger:
                 # Paused past its lease: the other process takes the run over.
                 os.kill(stale.process.pid, signal.SIGSTOP)
                 proxy.upstream_port = new.port
                 proxy.cut_all()
-                await wait_until(
-                    lambda: run_of(ledger, "c1").generation == 2, TIMEOUT, "the take-over"
-                )
+                await wait_until(lambda: taken_over(ledger, "c1"), TIMEOUT, "the take-over")
             os.kill(stale.process.pid, signal.SIGCONT)
             log = tmp_path / "server-stale.log"
             await wait_until(lambda: "lease lost" in log.read_text(), TIMEOUT, "the stale one")

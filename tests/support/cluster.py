@@ -7,7 +7,7 @@
         chat = await ChatPeer.open(cluster.direct_url("a", "s1"))  # straight to one process
         cluster.balancer.holding("/agents/chat/s1")         # ["b"]: where its sockets are now
         await cluster.kill("b")                              # SIGKILL: the page goes elsewhere
-        with cluster.reader() as ledger: ...                 # read the shared rows
+        async with cluster.reader() as ledger: ...           # read the shared rows
 
 Each process is ``python -m clienttools_server --db URL --lease L --agent ...``
 on a port of its own (tests/support/server_process.py). The balancer is an
@@ -30,7 +30,7 @@ import signal
 import socket
 import struct
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -335,14 +335,9 @@ class Cluster:
 
     # -- what was recorded -------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def reader(self) -> Iterator[PostgresLedger]:
-        """A ledger that only reads: it holds no lease, so it fences nothing and takes nothing."""
-        ledger = PostgresLedger(self.db_url)
-        try:
-            yield ledger
-        finally:
-            ledger.close()
+    def reader(self) -> contextlib.AbstractAsyncContextManager[PostgresLedger]:
+        """A ledger on the processes' database that only reads (see `reader`)."""
+        return reader(self.db_url)
 
     def model_requests(self) -> Counter[tuple[str, int]]:
         """(first line of the prompt, model answers before) of every model request so far."""
@@ -352,9 +347,21 @@ class Cluster:
         return Counter((str(a), int(b)) for a, b in map(json.loads, lines))
 
 
-def runs_by_chat(ledger: PostgresLedger) -> dict[str, Execution]:
+@contextlib.asynccontextmanager
+async def reader(url: str) -> AsyncIterator[PostgresLedger]:
+    """A ledger that only reads: it holds no lease, so it fences nothing and takes nothing."""
+    async with await PostgresLedger.connect(url) as ledger:
+        yield ledger
+
+
+async def all_completed(ledger: PostgresLedger) -> bool:
+    """Whether every execution in the ledger completed (a predicate for `wait_until`)."""
+    return all(e.status == "completed" for e in await ledger.executions())
+
+
+async def runs_by_chat(ledger: PostgresLedger) -> dict[str, Execution]:
     """Every execution by its chat id (chat ids are unique across a test's sessions)."""
-    return {RunRequest.from_json(e.request_json).chat_id: e for e in ledger.executions()}
+    return {RunRequest.from_json(e.request_json).chat_id: e for e in await ledger.executions()}
 
 
 def final_text(steps: list[Step]) -> str:
