@@ -539,6 +539,10 @@ class Hub:
             await self.ledger.notify(sender, GONE, request_id, connection_id)
             return
         step = await self.ledger.step_by_request_id(request_id)
+        if self.connections.get(connection_id) is not client or not client.is_open:
+            # It closed while the step was read, and its close told nobody of this call.
+            await self.ledger.notify(sender, GONE, request_id, connection_id)
+            return
         if step is None:
             return
         if step.state != "pending":

@@ -220,6 +220,11 @@ class PendingCall:
     # the step (the one the call was made with), so the same after a restart.
     output_schema: dict[str, JsonValue] | None = None
     spec_recorded: bool = False
+    # Counts deliveries begun: one that another overtook while it awaited stops.
+    deliveries: int = 0
+    # Its step is committed (a call started inside the run's batch is not until
+    # the batch ends): until then no other task delivers or settles it.
+    recorded: bool = True
 
     @property
     def timers(self) -> int:
@@ -406,6 +411,8 @@ class BrowserTools:
             state=CallState.ORPHANED if step.attempts > 0 else CallState.WAITING,
         )  # fmt: skip
         self.pending[entry.request_id] = entry
+        entry.recorded = False
+        self.ledger.after_commit(lambda: setattr(entry, "recorded", True))
         try:
             await self._record_spec(entry, step)
             await self._deliver(entry)
@@ -492,9 +499,16 @@ class BrowserTools:
             entry.target.send(CancelFrame(request_id=entry.request_id, reason=reason))
 
     async def _deliver(self, entry: PendingCall) -> None:
+        entry.deliveries += 1
+        delivery = entry.deliveries
+
+        def overtaken() -> bool:
+            # Settled, or delivered again by another task, while this one awaited.
+            return entry.settled or entry.deliveries != delivery
+
         peer = await self.find_peer(entry.session, entry.call.tool_name)
-        if entry.settled:
-            return  # settled while the registrations were read
+        if overtaken():
+            return
         if peer is None:
             entry.target = None  # waits for the next connection that registers the tool
             entry.move(CallEvent.NO_PAGE)
@@ -502,6 +516,8 @@ class BrowserTools:
         spec = peer.tool_spec(entry.call.tool_name)
         if not entry.spec_recorded:
             await self._record_spec(entry, None, spec)
+            if overtaken():
+                return
         wanted = (
             spec.timeout_ms / 1000
             if spec is not None and spec.timeout_ms
@@ -515,8 +531,8 @@ class BrowserTools:
             entry.execution_id, entry.seq, self.clock.now(),
             target_connection=peer.id, target_client_id=peer.client_id,
         )  # fmt: skip
-        if entry.settled or entry.target is not peer:
-            return  # settled, or delivered elsewhere, while the attempt was written
+        if overtaken():
+            return
         entry.attempt = attempt
         frame = InvokeFrame(
             request_id=entry.request_id,
@@ -529,10 +545,20 @@ class BrowserTools:
             attempt=attempt,
         )
         # Inside the run's batch: once the attempt (and the step) are committed.
-        self.ledger.after_commit(lambda: peer.send(frame))
+        self.ledger.after_commit(lambda: self._announce(entry, delivery, peer, frame))
         self._stop_timers(entry)
         entry.idle_timer = self._timer(entry.idle_timeout, entry)
         entry.hard_timer = self._timer(self.config.max_tool_timeout, entry)
+
+    def _announce(self, entry: PendingCall, delivery: int, peer: Peer, frame: InvokeFrame) -> None:
+        """Send the invoke once committed, unless the call moved on or its page left meanwhile."""
+        if entry.settled or entry.deliveries != delivery:
+            return
+        if peer.is_open:
+            peer.send(frame)
+        elif entry.target is peer:
+            # It closed while the step was committed (its close skipped the call).
+            self.background.call(self._target_gone, entry)
 
     def _timer(self, delay: float, entry: PendingCall) -> Timer:
         return self.clock.call_later(delay, self.background.call, self._time_out, entry)
@@ -890,15 +916,17 @@ class BrowserTools:
             return
         if isinstance(target, RemotePeer) and target.process_id == process_id:
             target.gone = True
-            await self._target_gone(entry)
+            if entry.recorded:  # else its invoke is not out yet: _announce sees it gone
+                await self._target_gone(entry)
 
     async def registered_elsewhere(self, session: str) -> None:
         """A connection of ``session`` registered tools on another process."""
         for entry in list(self.pending.values()):
             if (
                 entry.session == session
+                and entry.recorded
                 and not entry.settled
-                and (entry.target is None or not entry.target.is_open)
+                and (entry.target is None or not await _is_open(entry.target))
             ):
                 await self._deliver(entry)
 
@@ -907,7 +935,8 @@ class BrowserTools:
         for entry in list(self.pending.values()):
             target = entry.target
             if (
-                not entry.settled
+                entry.recorded
+                and not entry.settled
                 and isinstance(target, RemotePeer)
                 and target.process_id not in live_processes
             ):
@@ -917,7 +946,7 @@ class BrowserTools:
     async def resync(self) -> None:
         """After notifications may have been lost: re-read every call's step, deliver again."""
         for entry in list(self.pending.values()):
-            if entry.settled:
+            if entry.settled or not entry.recorded:
                 continue
             step = await self.ledger.get_step(entry.execution_id, entry.seq)
             if entry.settled:
@@ -960,8 +989,8 @@ class BrowserTools:
         Calls relayed to it for runs on other processes: their processes are told.
         """
         for entry in list(self.pending.values()):
-            if entry.target is not peer or entry.settled:
-                continue
+            if entry.target is not peer or entry.settled or not entry.recorded:
+                continue  # one not recorded yet: _announce finds its page gone
             await self._target_gone(entry)
         for relay in [r for r in self.relayed.values() if r.peer is peer]:
             self.relayed.pop(relay.request_id, None)
@@ -987,9 +1016,10 @@ class BrowserTools:
         for entry in list(self.pending.values()):
             if (
                 entry.session == peer.session
+                and entry.recorded
                 and not entry.settled
-                and (entry.target is None or not entry.target.is_open)
                 and peer.tool_spec(entry.call.tool_name) is not None
+                and (entry.target is None or not await _is_open(entry.target))
             ):
                 await self._deliver(entry)
 
@@ -1028,10 +1058,11 @@ class Approvals:
         wait = _ApprovalWait(
             step.execution_id, step.seq, asyncio.get_running_loop().create_future()
         )
-        if self.shared:
-            await self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
+        # Waiting first: an answer that comes while the mark is written finds it.
         self.waiting[key] = wait
         try:
+            if self.shared:
+                await self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
             await wait.future
         finally:
             if self.waiting.get(key) is wait:

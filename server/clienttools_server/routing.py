@@ -77,14 +77,19 @@ def tools_json(tools: Mapping[str, ToolSpec]) -> str:
 class Outbox:
     """Notifications queued by synchronous code, sent in order by one task.
 
-    A notification the database could not take is logged and dropped: the
-    heartbeat and the bus's resync after a reconnect find what it would have said.
+    One the database could not take is sent again every ``RETRY_DELAY`` seconds,
+    the ones after it waiting behind it, until it gets through or the outbox
+    closes (then what is left is logged and dropped: the runs' calls are
+    delivered again by whoever takes them over).
     """
+
+    RETRY_DELAY = 0.5
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._queue: deque[tuple[str | None, str, tuple[str, ...]]] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def send(self, process_id: str | None, kind: str, *args: str) -> None:
         self._queue.append((process_id, kind, args))
@@ -93,16 +98,22 @@ class Outbox:
 
     async def _drain(self) -> None:
         while self._queue:
-            process_id, kind, args = self._queue.popleft()
+            process_id, kind, args = self._queue[0]
             try:
                 await self.ledger.notify(process_id, kind, *args)
             except LedgerUnavailable as exc:
-                logger.warning("could not send %s to %s: %s", kind, process_id, exc)
+                if not self._closing:
+                    logger.warning("could not send %s to %s yet: %s", kind, process_id, exc)
+                    await asyncio.sleep(self.RETRY_DELAY)
+                    continue
+                logger.warning("dropping %s to %s at shutdown: %s", kind, process_id, exc)
             except Exception:
                 logger.exception("sending %s to %s failed", kind, process_id)
+            self._queue.popleft()
 
     async def close(self) -> None:
-        """Send what is queued (a shutdown), then stop."""
+        """Send what is queued (a shutdown; no more retries), then stop."""
+        self._closing = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
