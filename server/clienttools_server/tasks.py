@@ -27,9 +27,6 @@ class Background:
         self.name = name
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     def call(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Start ``function(*args)`` as a task."""
         task = asyncio.get_running_loop().create_task(function(*args))
