@@ -151,37 +151,9 @@ SERVER_FRAME_TYPES = frozenset(
     }
 )
 
-#: What `clienttools.frames` defines, handed out here by `__getattr__`.
-_FRAME_NAMES = frozenset(
-    {
-        "AbortFrame",
-        "CancelFrame",
-        "ChatServerFrame",
-        "ChunkFrame",
-        "ClientFrame",
-        "ClientToolsFrame",
-        "EndFrame",
-        "ErrorFrame",
-        "InvokeFrame",
-        "NoActiveFrame",
-        "PingFrame",
-        "PongFrame",
-        "ProtocolErrorFrame",
-        "RejectedTool",
-        "ResultAckFrame",
-        "ResumeFrame",
-        "SendFrame",
-        "ServerFrame",
-        "StartFrame",
-        "ToolApprovalFrame",
-        "ToolErrorInfo",
-        "ToolProgressFrame",
-        "ToolResultFrame",
-        "ToolSpec",
-        "ToolsAckFrame",
-        "WireModel",
-    }
-)
+#: What `clienttools.frames` defines, handed out here by `__getattr__`: the names of
+#: `__all__` this module does not define itself.
+_FRAME_NAMES = frozenset(name for name in __all__ if name not in globals())
 
 
 def __getattr__(name: str) -> Any:

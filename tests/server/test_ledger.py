@@ -770,22 +770,19 @@ def test_sqlite_ledger_refuses_a_newer_schema(tmp_path: Path) -> None:
 
 async def test_postgres_batch_commits_once_at_its_end(postgres: PostgresServer) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    async with (
+        await PostgresLedger.connect(url) as ledger,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as reader,
+    ):
         execution = await ledger.start_execution("chat-1", "{}", now=T0)
 
-        try:
-            async with ledger.batch():
-                await ledger.record_step(
-                    execution.id, 0, "model", "m", "{}", "server", T0, None, "1"
-                )
-                async with ledger.batch():  # nested: still the outer batch's transaction
-                    await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
-                assert await ledger.get_step(execution.id, 1) is not None
-                assert await _count(reader, "steps") == 0
-            assert await _count(reader, "steps") == 2
-        finally:
-            await reader.close()
+        async with ledger.batch():
+            await ledger.record_step(execution.id, 0, "model", "m", "{}", "server", T0, None, "1")
+            async with ledger.batch():  # nested: still the outer batch's transaction
+                await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+            assert await ledger.get_step(execution.id, 1) is not None
+            assert await _count(reader, "steps") == 0
+        assert await _count(reader, "steps") == 2
 
 
 async def _running(reader: psycopg.AsyncConnection[tuple[int]], statement: str) -> bool:
@@ -1374,92 +1371,89 @@ async def test_another_tasks_calls_are_not_part_of_a_postgres_batch(
     postgres: PostgresServer,
 ) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        try:
-            batched = await ledger.start_execution("chat-1", "{}", now=T0)
-            alone = await ledger.start_execution("chat-2", "{}", now=T0)
-            ran: list[str] = []
+    async with (
+        await PostgresLedger.connect(url) as ledger,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as reader,
+    ):
+        batched = await ledger.start_execution("chat-1", "{}", now=T0)
+        alone = await ledger.start_execution("chat-2", "{}", now=T0)
+        ran: list[str] = []
 
-            async def another_task() -> bool:
-                # Spawned inside the batch (its context holds the batch), yet not in it.
-                sees_the_batch = await ledger.get_step(batched.id, 0) is not None
-                await ledger.record_step(alone.id, 0, "tool", "t", "{}", "client", T0)
-                ledger.after_commit(lambda: ran.append("alone"))
-                return sees_the_batch
+        async def another_task() -> bool:
+            # Spawned inside the batch (its context holds the batch), yet not in it.
+            sees_the_batch = await ledger.get_step(batched.id, 0) is not None
+            await ledger.record_step(alone.id, 0, "tool", "t", "{}", "client", T0)
+            ledger.after_commit(lambda: ran.append("alone"))
+            return sees_the_batch
 
-            async with ledger.batch():
-                await ledger.record_step(batched.id, 0, "tool", "t", "{}", "client", T0)
-                ledger.after_commit(lambda: ran.append("batched"))
-                spawned = asyncio.create_task(another_task())
-                assert await spawned is False
-                # The other task's write is committed already, the batch's is not.
-                assert ran == ["alone"]
-                assert await _count(reader, "steps") == 1
-            assert ran == ["alone", "batched"]
-            assert await _count(reader, "steps") == 2
-        finally:
-            await reader.close()
+        async with ledger.batch():
+            await ledger.record_step(batched.id, 0, "tool", "t", "{}", "client", T0)
+            ledger.after_commit(lambda: ran.append("batched"))
+            spawned = asyncio.create_task(another_task())
+            assert await spawned is False
+            # The other task's write is committed already, the batch's is not.
+            assert ran == ["alone"]
+            assert await _count(reader, "steps") == 1
+        assert ran == ["alone", "batched"]
+        assert await _count(reader, "steps") == 2
 
 
 async def test_a_task_spawned_in_a_postgres_batch_does_not_use_it_once_ended(
     postgres: PostgresServer,
 ) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        try:
-            execution = await ledger.start_execution("chat-1", "{}", now=T0)
-            ended = asyncio.Event()
+    async with (
+        await PostgresLedger.connect(url) as ledger,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as reader,
+    ):
+        execution = await ledger.start_execution("chat-1", "{}", now=T0)
+        ended = asyncio.Event()
 
-            async def later() -> None:
-                await ended.wait()
-                await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
+        async def later() -> None:
+            await ended.wait()
+            await ledger.record_step(execution.id, 1, "tool", "t", "{}", "client", T0)
 
-            async with ledger.batch():
-                await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
-                spawned = asyncio.create_task(later())
-            ended.set()
-            await asyncio.wait_for(spawned, timeout=30)
-            # Its write was committed on a connection of its own, not left in a
-            # transaction on the batch's connection, back in the pool.
-            assert await _count(reader, "steps") == 2
-        finally:
-            await reader.close()
+        async with ledger.batch():
+            await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+            spawned = asyncio.create_task(later())
+        ended.set()
+        await asyncio.wait_for(spawned, timeout=30)
+        # Its write was committed on a connection of its own, not left in a
+        # transaction on the batch's connection, back in the pool.
+        assert await _count(reader, "steps") == 2
 
 
 async def test_a_postgres_batch_cancelled_mid_statement_commits_nothing(
     postgres: PostgresServer,
 ) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        reader = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        try:
-            execution = await ledger.start_execution("chat-1", "{}", now=T0)
-            ran: list[str] = []
+    async with (
+        await PostgresLedger.connect(url) as ledger,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as reader,
+    ):
+        execution = await ledger.start_execution("chat-1", "{}", now=T0)
+        ran: list[str] = []
 
-            async def slow_batch() -> None:
-                async with ledger.batch():
-                    await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
-                    ledger.after_commit(lambda: ran.append("step 0"))
-                    await ledger.statement("SELECT pg_sleep(60)", ())
+        async def slow_batch() -> None:
+            async with ledger.batch():
+                await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+                ledger.after_commit(lambda: ran.append("step 0"))
+                await ledger.statement("SELECT pg_sleep(60)", ())
 
-            task = asyncio.create_task(slow_batch())
-            async with asyncio.timeout(30):
-                while not await _running(reader, "SELECT pg_sleep(60)"):
-                    await asyncio.sleep(0.01)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await asyncio.wait_for(task, timeout=30)
-            # The interrupted statement aborted the transaction: nothing of it stays,
-            # and nothing announces it.
-            assert ran == []
-            assert await _count(reader, "steps") == 0
-            # The ledger goes on.
-            await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
-            assert await _count(reader, "steps") == 1
-        finally:
-            await reader.close()
+        task = asyncio.create_task(slow_batch())
+        async with asyncio.timeout(30):
+            while not await _running(reader, "SELECT pg_sleep(60)"):
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=30)
+        # The interrupted statement aborted the transaction: nothing of it stays,
+        # and nothing announces it.
+        assert ran == []
+        assert await _count(reader, "steps") == 0
+        # The ledger goes on.
+        await ledger.record_step(execution.id, 0, "tool", "t", "{}", "client", T0)
+        assert await _count(reader, "steps") == 1
 
 
 async def test_a_postgres_batch_idle_past_the_lease_lets_its_run_go(
