@@ -9,9 +9,12 @@ on a clock of one's own (a test's).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import math
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import uvicorn
 
@@ -20,25 +23,69 @@ from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
 from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from .model_choice import ModelChoiceError
+from .startup import StartupError, check_startup
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported in one line (not the whole usage) and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not math.isfinite(value):  # float() takes "nan" and "inf"; no timer can
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, not {text!r}")
+    return value
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    value = _seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
     return value
 
 
 def _not_negative(text: str) -> float:
-    value = float(text)
+    value = _seconds(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a TCP port number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535 (0 picks a free one), not {text}")
+    return value
+
+
+def _check_values(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What one flag's type cannot judge alone; p.error exits with one line."""
+    if args.db == "":
+        p.error("argument --db: needs a SQLite file path or a postgresql://... URL")
+    for flag, token in (("--token", args.token), ("--admin-token", args.admin_token)):
+        if token == "":
+            p.error(f"argument {flag}: an empty token would let anyone in; leave the flag out")
+    for origin in args.allow_origin:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and (not sep or not scheme or not rest or "/" in rest):
+            p.error(
+                f"argument --allow-origin: {origin!r} is not an origin; give scheme://host[:port] "
+                "as the browser sends it (no path, no trailing slash), or '*'"
+            )
+
+
 def parser() -> argparse.ArgumentParser:
     defaults = ServerConfig()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="clienttools-server",
         description=(
             "Reference server for clienttools: AI SDK v7 WebSocket chat at "
@@ -51,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=defaults.port,
         help="TCP port; 0 picks a free one (default: %(default)s)",
     )
@@ -191,7 +238,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    _check_values(p, args)
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -221,8 +270,9 @@ def serve(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
     level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        asyncio.run(check_startup(config))
         app = create_app(config, clock=clock)
-    except (ModelChoiceError, AgentLoadError) as exc:
+    except (ModelChoiceError, AgentLoadError, StartupError) as exc:
         # One line that says what to do, not a traceback.
         print(f"clienttools-server: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
