@@ -93,9 +93,16 @@ async def test_remembered_spec_keeps_needs_approval(
     page = await open_browser(server)
     await page.register([tool_spec("risky", needsApproval=True)])
     await page.close()
+    remembered = server.hub.remembered_tool("s1", "risky")
+    assert remembered is not None and remembered.needs_approval is True
     chat = await open_browser(server)
     request_id = await chat.start_chat("call risky {}", chat_id="chat-ap")
-    await chat.chunk(request_id, "tool-approval-request")
+    # With no page live, the remembered spec decides: the call asks for approval first,
+    # where a spec without needsApproval would wait for a page (pending_calls == 1).
+    approval = await chat.chunk(request_id, "tool-approval-request")
+    [given] = [c for c in chat.chunks[request_id] if c["type"] == "tool-input-available"]
+    assert given["toolName"] == "risky" and approval["toolCallId"] == given["toolCallId"]
+    assert server.hub.stats()["pending_calls"] == 0
     await chat.send({"type": "abort", "requestId": request_id})
     await chat.response(request_id)
     await settled(server.hub)

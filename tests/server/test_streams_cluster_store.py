@@ -32,9 +32,15 @@ async def test_a_chat_has_one_unfinished_execution_on_a_shared_ledger(
 
 
 async def test_one_process_knows_its_streaming_chats_itself() -> None:
+    # A SQLite ledger serves one process, whose hub refuses a second send for a chat that
+    # streams before the ledger sees it (test_server_chat.py, "already streaming"): the
+    # ledger itself starts both.
     async with SqliteLedger(":memory:") as ledger:
-        await ledger.start_execution("s", "{}", T0, chat_id="c")
-        await ledger.start_execution("s", "{}", T0, chat_id="c")  # the hub refuses before
+        first = await ledger.start_execution("s", "{}", T0, chat_id="c")
+        second = await ledger.start_execution("s", "{}", T0, chat_id="c")
+        running = await ledger.executions(["running"], "s")
+        assert first.id != second.id
+        assert sorted(e.id for e in running) == sorted([first.id, second.id])
 
 
 async def test_chunks_are_written_once_and_read_after_a_sequence(postgres: PostgresServer) -> None:
