@@ -83,7 +83,7 @@ CLOSE_NOT_YOURS = 4403
 OWNER_CACHE = 10_000
 
 _KEY_LABEL = b"clienttools signed token v1"
-_BASE64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ def verify_token(secret: str, token: str, *, now: float) -> Principal:
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         raise TokenRefused("malformed")
     _, payload, signature = parts
-    if not (_BASE64URL.match(payload) and _BASE64URL.match(signature)):
+    if not (_BASE64URL.fullmatch(payload) and _BASE64URL.fullmatch(signature)):
         raise TokenRefused("malformed")
     expected = _signature(secret, f"{TOKEN_PREFIX}.{payload}")
     # Compared as text, not as decoded bytes: base64 has several spellings of some

@@ -92,6 +92,7 @@ def test_every_byte_of_a_token_flipped_is_refused() -> None:
         "ct1.e30.AAAA.AAAA",
         "ct1.e30=.AAAA",
         "ct1.e30.AAAA ",
+        "ct1.e30\n.AAAA\n",
         "x" * 5000,
     ],
 )
