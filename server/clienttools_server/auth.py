@@ -331,7 +331,7 @@ class Access:
             )
             answer = None
         if answer is None:
-            logger.info("refused %s: not authorized", _route(connection))
+            logger.info("refused %s: the authorizer named no principal", _route(connection))
         state[_PRINCIPAL_KEY] = answer
         return answer
 
