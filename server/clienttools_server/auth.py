@@ -48,6 +48,7 @@ HMAC-SHA256, under a key derived from the secret, of ``ct1.<payload>``.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import inspect
@@ -125,8 +126,10 @@ class TokenRefused(ValueError):
         self.principal = principal
 
 
+@functools.lru_cache(maxsize=16)
 def _key(secret: str) -> bytes:
     # A key of its own for tokens: the secret may serve the app for other things too.
+    # Cached: a server checks every token with the same one or two secrets.
     return hmac.new(secret.encode("utf-8"), _KEY_LABEL, hashlib.sha256).digest()
 
 
