@@ -293,6 +293,16 @@ def default_authorizer(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> Aut
 
 # --------------------------------------------------------------------------- ownership
 
+
+def _valid_principal(principal: Principal) -> bool:
+    # The id is stored as a session's owner: text the ledger can hold and compare.
+    def fits(value: object) -> bool:
+        return isinstance(value, str) and 0 < len(value) <= MAX_ID
+
+    session_ok = principal.session is None or fits(principal.session)
+    return fits(principal.id) and isinstance(principal.operator, bool) and session_ok
+
+
 _PRINCIPAL_KEY = "clienttools.principal"
 
 
@@ -330,6 +340,14 @@ class Access:
             logger.error(
                 "the authorizer returned a %s, not a Principal or None, on %s; refused",
                 type(answer).__name__,
+                _route(connection),
+            )
+            answer = None
+        elif answer is not None and not _valid_principal(answer):
+            logger.error(
+                "the authorizer returned a Principal whose id or session is not 1 to %d "
+                "characters of text, on %s; refused",
+                MAX_ID,
                 _route(connection),
             )
             answer = None

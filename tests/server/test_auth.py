@@ -308,7 +308,7 @@ async def test_an_app_authorizer_decides_and_owners_keep_their_sessions(
             await alice.close()
 
 
-@pytest.mark.parametrize("kind", ["async", "raises", "nonsense"])
+@pytest.mark.parametrize("kind", ["async", "raises", "nonsense", "empty id"])
 async def test_async_failing_and_nonsense_authorizers(
     kind: str, chunk_collector: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,7 +322,12 @@ async def test_async_failing_and_nonsense_authorizers(
     def nonsense(connection: HTTPConnection) -> Any:
         return "alice"
 
-    authorizer = {"async": asynchronous, "raises": raises, "nonsense": nonsense}[kind]
+    def empty(connection: HTTPConnection) -> Principal | None:
+        return Principal("")
+
+    authorizer = {"async": asynchronous, "raises": raises, "nonsense": nonsense, "empty id": empty}[
+        kind
+    ]
     config = ServerConfig(port=0, log_level="warning")
     with caplog.at_level(logging.INFO, "clienttools_server.auth"):
         async with running_server(config, authorize=authorizer) as server:
@@ -340,7 +345,9 @@ async def test_async_failing_and_nonsense_authorizers(
             with pytest.raises(InvalidStatus):
                 await _closed_before_any_frame(url)
             assert reply.status == 401
-    said = "the authorizer failed" if kind == "raises" else "not a Principal"
+    said = {"raises": "the authorizer failed", "nonsense": "not a Principal"}.get(
+        kind, "id or session is not 1 to 256 characters"
+    )
     assert any(said in record.getMessage() for record in caplog.records)
 
 
