@@ -325,9 +325,8 @@ async def test_async_failing_and_nonsense_authorizers(
     def empty(connection: HTTPConnection) -> Principal | None:
         return Principal("")
 
-    authorizer = {"async": asynchronous, "raises": raises, "nonsense": nonsense, "empty id": empty}[
-        kind
-    ]
+    authorizers = {"async": asynchronous, "raises": raises, "nonsense": nonsense}
+    authorizer = authorizers.get(kind, empty)
     config = ServerConfig(port=0, log_level="warning")
     with caplog.at_level(logging.INFO, "clienttools_server.auth"):
         async with running_server(config, authorize=authorizer) as server:
