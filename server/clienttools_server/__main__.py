@@ -1,6 +1,7 @@
 """The ``clienttools-server`` command (also ``python -m clienttools_server``).
 
 clienttools-server --port 8000 --static demo --static build/web --db ledger.sqlite3
+clienttools-server token --secret "$SECRET" --principal alice --ttl 3600   # a signed token
 
 From Python, ``serve(config_from_args([...]), clock=...)`` runs the same server
 on a clock of one's own (a test's).
@@ -24,6 +25,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from .model_choice import ModelChoiceError
 from .startup import StartupError, check_startup
+from .token_command import secret_type, token_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
             "/agents/chat/{session}, with tools that run in the browser page. "
             "Durations are in seconds."
         ),
+        epilog="'clienttools-server token --help': print a signed token for --secret.",
     )
     p.add_argument(
         "--host", default=defaults.host, help="interface to listen on (default: %(default)s)"
@@ -126,6 +129,13 @@ def parser() -> argparse.ArgumentParser:
         help="also accept 'Authorization: Bearer TOKEN' on the /executions routes, so "
         "operators need not hold the pages' token; never valid on the WebSocket "
         "(default: none)",
+    )
+    p.add_argument(
+        "--secret",
+        type=secret_type,
+        help="check signed tokens (made by 'clienttools-server token') where the tokens above "
+        "go: each names a principal, and a session belongs to the first principal that uses "
+        "it; with it, a request without a valid credential is refused (default: none)",
     )
     p.add_argument(
         "--allow-origin",
@@ -248,6 +258,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         db=args.db,
         token=args.token,
         admin_token=args.admin_token,
+        secret=args.secret,
         allow_origins=tuple(args.allow_origin),
         tool_timeout=args.tool_timeout,
         max_tool_timeout=max(args.max_tool_timeout, args.tool_timeout),
@@ -280,7 +291,10 @@ def serve(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    serve(config_from_args(argv))
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["token"]:
+        raise SystemExit(token_command(arguments[1:]))
+    serve(config_from_args(arguments))
 
 
 if __name__ == "__main__":

@@ -30,12 +30,22 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .agents import default_agent, load_agent
+from .auth import (
+    CLOSE_NOT_YOURS,
+    Access,
+    Authorizer,
+    access,
+    authorize,
+    default_authorizer,
+    redact_tokens,
+    route_of,
+)
 from .clock import SYSTEM_CLOCK, Clock
 from .cluster import Bus
 from .config import ServerConfig
-from .connection import CLOSE_POLICY_VIOLATION, Connection, admitted
+from .connection import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER, Connection, admitted
 from .hub import Hub
-from .ledger import DEFAULT_LEASE, Ledger, SqliteLedger
+from .ledger import DEFAULT_LEASE, Ledger, LedgerUnavailable, SqliteLedger
 from .model_choice import choose_model
 from .pending import PendingCalls
 from .routes import pending_routes
@@ -87,12 +97,26 @@ class StaticDirs:
 async def chat_endpoint(websocket: WebSocket) -> None:
     config: ServerConfig = websocket.app.state.config
     hub: Hub = websocket.app.state.hub
-    if not admitted(websocket, config):
+    principal = await authorize(websocket) if admitted(websocket, config) else None
+    if principal is None:
         # Before accept, a close becomes an HTTP 403 refusal of the handshake.
         await websocket.close(code=CLOSE_POLICY_VIOLATION)
         return
-    await websocket.accept()
     session = websocket.path_params["session"]
+    try:
+        allowed = await access(websocket).allows(
+            principal, session, route=route_of(websocket), claim=True
+        )
+    except LedgerUnavailable as exc:
+        logger.warning("closing a handshake of session %r with 1013: %s", session, exc)
+        await websocket.accept()
+        await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
+        return
+    await websocket.accept()
+    if not allowed:
+        # Accepted only to say why, before any frame, with no reason text (O1, O4).
+        await websocket.close(code=CLOSE_NOT_YOURS)
+        return
     await Connection(websocket, session, hub, config, hub.clock).serve()
 
 
@@ -161,13 +185,20 @@ def create_app(
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    authorize: Authorizer | None = None,
 ) -> Starlette:
     """The ASGI app for ``config``, serving ``agent`` (a user's pydantic-ai Agent) if given.
 
     Each session's page tools are added to the agent per run. ``model``
     replaces the agent's model; ``server_tools`` the default server tools.
+    ``authorize`` is where identity enters: called with every WebSocket
+    handshake and every HTTP request of the chat and pending-call routes, it
+    returns the :class:`~clienttools_server.auth.Principal` or None to refuse
+    (sync or async); without it, the token rules of ``config``
+    (:func:`~clienttools_server.auth.default_authorizer`).
     """
     chosen_agent, chosen_model = serving(config, agent, model)
+    authorizer = authorize if authorize is not None else default_authorizer(config, clock)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
     @contextlib.asynccontextmanager
@@ -182,6 +213,7 @@ def create_app(
         app.state.ledger = ledger
         app.state.hub = hub
         app.state.pending = PendingCalls(hub, ledger)
+        app.state.access = Access(authorizer, ledger, clock)
         try:
             if bus is not None:
                 await bus.start()  # the hub's handlers are on it: nothing is missed
@@ -213,8 +245,9 @@ def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
     """How uvicorn serves the app: S9's frame limit is enforced by the WebSocket layer too.
 
     A frame that layer refuses still ends in a close frame, not a reset (WebSocketProtocol).
+    uvicorn's logs of a handshake or request never show a ``?token=`` (RedactTokens).
     """
-    return uvicorn.Config(
+    served = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
@@ -224,6 +257,9 @@ def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
+    # After the Config: it sets up uvicorn's loggers (filters already there stay).
+    redact_tokens("uvicorn.error", "uvicorn.access")
+    return served
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -268,9 +304,13 @@ async def running_server(
     model: Model | None = None,
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    authorize: Authorizer | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve in this event loop (``port=0`` picks a free port) until the block exits."""
-    app = create_app(config, agent=agent, model=model, server_tools=server_tools, clock=clock)
+    app = create_app(
+        config, agent=agent, model=model, server_tools=server_tools, clock=clock,
+        authorize=authorize,
+    )  # fmt: skip
     server = _EmbeddedServer(uvicorn_config(app, config))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -49,6 +49,9 @@ class ServerConfig:
     # Accepted by the /executions routes only (operators, webhooks); never by the WebSocket.
     # With either token set, every route needs one of them.
     admin_token: str | None = None
+    # Signed tokens (clienttools_server.auth.mint_token) are checked with this secret where
+    # the tokens above go; with it set, a request without a valid credential is refused.
+    secret: str | None = None
     # Allowed ``Origin`` values; empty means the server's own origin only; "*" allows any.
     allow_origins: tuple[str, ...] = ()
     # S3: default per-call idle timeout and the hard cap on any call.
@@ -111,6 +114,8 @@ class ServerConfig:
             raise ValueError("resume_grace must not be negative")
         if self.retention is not None and self.retention < 0:
             raise ValueError("retention must not be negative")
+        if self.secret is not None and len(self.secret) < 16:
+            raise ValueError("the secret must be at least 16 characters")
         if not self.lease > 0:
             raise ValueError("lease must be positive")
 

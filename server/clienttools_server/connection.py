@@ -6,8 +6,12 @@ unless malformed frames come in a flood (close 1008). A frame over the size
 limit closes the socket with 1009. Frames out go through one queue and one
 writer task, so runs, timers and acks never interleave partial sends.
 
-    if not admitted(websocket, config):
-        await websocket.close(code=1008)
+    principal = await authorize(websocket) if admitted(websocket, config) else None
+    if principal is None:
+        await websocket.close(code=1008)        # before accept: the handshake gets 403
+    elif not await access(websocket).allows(principal, session, route="WS", claim=True):
+        await websocket.accept()
+        await websocket.close(code=4403)        # another principal's session (O1)
     else:
         await websocket.accept()
         await Connection(websocket, session, hub, config, clock).serve()
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 from collections import deque
@@ -112,18 +115,14 @@ def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -
 
 
 def admitted(websocket: WebSocket, config: ServerConfig) -> bool:
-    """S10: Origin allow-list, token, and a sane session name."""
+    """S10: Origin allow-list and a sane session name (the token is the authorizer's:
+    :mod:`clienttools_server.auth`)."""
     session = websocket.path_params.get("session", "")
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_NAME:
         return False
     if not origin_allowed(websocket.headers.get("origin"), websocket.headers.get("host"), config):
         logger.info("refused origin %r", websocket.headers.get("origin"))
         return False
-    if config.token is not None:
-        given = websocket.query_params.get("token", "")
-        if not hmac.compare_digest(given.encode(), config.token.encode()):
-            logger.info("refused a connection without the right token")
-            return False
     return True
 
 

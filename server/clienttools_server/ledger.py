@@ -77,7 +77,7 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 
 # Seconds a lease lasts when the ledger is not told otherwise (--lease).
 DEFAULT_LEASE = 10.0
@@ -646,6 +646,22 @@ class Ledger(Protocol):
         """
         ...
 
+    async def claim_session(self, session: str, principal: str, now: float) -> str:
+        """Make ``principal`` the owner of ``session`` unless it has one; the owner after.
+
+        Atomic across processes: of two principals claiming one session at
+        once, one owns it and both get that one's id back.
+        """
+        ...
+
+    async def session_owner(self, session: str) -> str | None:
+        """The principal id that owns ``session``; None while nobody does."""
+        ...
+
+    async def sessions_owned_by(self, principal: str) -> list[str]:
+        """Every session ``principal`` owns, by name."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -688,6 +704,13 @@ CREATE TABLE steps (
 -- Only pending steps are ever searched by state, and they are few.
 CREATE INDEX steps_pending ON steps (resolution, execution_id) WHERE state = 'pending';
 CREATE INDEX steps_by_request_id ON steps (request_id) WHERE request_id IS NOT NULL;
+
+CREATE TABLE session_owners (
+    session    TEXT PRIMARY KEY,
+    principal  TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX session_owners_by_principal ON session_owners (principal, session);
 """
 
 _EXECUTION_COLUMNS = (
@@ -708,6 +731,15 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE executions ADD COLUMN owner TEXT",
         "ALTER TABLE executions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE executions ADD COLUMN lease_until REAL",
+    ),
+    # 4: who owns each session (O1). The sessions already in the ledger were used by the
+    # one principal there was, the holders of the shared token: they keep them.
+    (
+        "CREATE TABLE session_owners (session TEXT PRIMARY KEY, principal TEXT NOT NULL, "
+        "created_at REAL NOT NULL)",
+        "CREATE INDEX session_owners_by_principal ON session_owners (principal, session)",
+        "INSERT INTO session_owners (session, principal, created_at) "
+        "SELECT session, 'shared', MIN(created_at) FROM executions GROUP BY session",
     ),
 )
 
@@ -1250,6 +1282,33 @@ class SqliteLedger:
         if row is None:
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(row[0])
+
+    # who owns each session (O1)
+
+    async def claim_session(self, session: str, principal: str, now: float) -> str:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO session_owners (session, principal, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (session) DO NOTHING",
+                (session, principal, now),
+            )
+            (owner,) = db.execute(
+                "SELECT principal FROM session_owners WHERE session = ?", (session,)
+            ).fetchone()
+        return str(owner)
+
+    async def session_owner(self, session: str) -> str | None:
+        row = self._db.execute(
+            "SELECT principal FROM session_owners WHERE session = ?", (session,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    async def sessions_owned_by(self, principal: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT session FROM session_owners WHERE principal = ? ORDER BY session",
+            (principal,),
+        ).fetchall()
+        return [str(session) for (session,) in rows]
 
     async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""

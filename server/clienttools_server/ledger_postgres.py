@@ -119,7 +119,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable
 # (the module docstring says why 5); once a call has failed, the next ones wait
@@ -229,6 +229,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (execution_id, seq)
         )
         """,
+    ),
+    # 6: who owns each session (O1). The sessions already in the ledger were used by the
+    # one principal there was, the holders of the shared token: they keep them.
+    (
+        """
+        CREATE TABLE session_owners (
+            session    TEXT COLLATE "C" PRIMARY KEY,
+            principal  TEXT COLLATE "C" NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        )
+        """,
+        "CREATE INDEX session_owners_by_principal ON session_owners (principal, session)",
+        "INSERT INTO session_owners (session, principal, created_at) "
+        "SELECT session, 'shared', MIN(created_at) FROM executions GROUP BY session",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -1058,6 +1072,36 @@ class PostgresLedger:
             raise UnknownExecution(f"no execution {execution_id}")
         check_replay(existing, kind, name, canonical_input)
         return existing
+
+    # who owns each session (O1)
+
+    async def claim_session(self, session: str, principal: str, now: float) -> str:
+        async with self._write() as tx:
+            await tx.execute(
+                "INSERT INTO session_owners (session, principal, created_at) "
+                "VALUES (%s, %s, %s) ON CONFLICT (session) DO NOTHING",
+                (_escape(session), _escape(principal), now),
+            )
+            # A statement of its own: in READ COMMITTED it sees the row of a claim
+            # that won the race and committed while the insert above waited for it.
+            row = await tx.fetchone(
+                "SELECT principal FROM session_owners WHERE session = %s", (_escape(session),)
+            )
+        assert row is not None
+        return _unescape(str(row[0]))
+
+    async def session_owner(self, session: str) -> str | None:
+        rows = await self._read(
+            "SELECT principal FROM session_owners WHERE session = %s", (_escape(session),)
+        )
+        return _unescape(str(rows[0][0])) if rows else None
+
+    async def sessions_owned_by(self, principal: str) -> list[str]:
+        rows = await self._read(
+            "SELECT session FROM session_owners WHERE principal = %s ORDER BY session",
+            (_escape(principal),),
+        )
+        return [_unescape(str(session)) for (session,) in rows]
 
     async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias, cast, get_args
 
@@ -152,11 +152,14 @@ class PendingCalls:
         session: str | None = None,
         limit: int = DEFAULT_LIMIT,
         before: str | None = None,
+        sessions: Collection[str] | None = None,
     ) -> list[dict[str, JsonValue]]:
         """Executions newest first, each with its pending steps; InvalidQuery for a bad query.
 
         ``before`` is a cursor: the ``executionId`` of the last execution of
         the previous page; the page after it starts with the next older one.
+        ``sessions``: only the executions of these sessions (a principal's own,
+        O2); None: of every session.
         """
         if status is not None and status not in EXECUTION_STATUSES:
             raise InvalidQuery(
@@ -173,6 +176,8 @@ class PendingCalls:
         else:
             statuses = (status,)
         found = await self.ledger.executions(statuses, session)
+        if sessions is not None:
+            found = [e for e in found if e.session in sessions]
         waiting: dict[str, list[Step]] = {}
         for step in _answerable(await self.ledger.pending_steps(session=session)):
             waiting.setdefault(step.execution_id, []).append(step)
@@ -181,7 +186,7 @@ class PendingCalls:
             keys = [e.id for e in found]
             if before not in keys:
                 cursor = await self.ledger.get_execution(before)
-                if cursor is None:
+                if cursor is None or (sessions is not None and cursor.session not in sessions):
                     raise InvalidQuery(f"no execution {before[:64]!r} to page from")
                 found = [e for e in found if (e.created_at, e.id) < (cursor.created_at, cursor.id)]
             else:
@@ -194,6 +199,11 @@ class PendingCalls:
                 if len(listed) == limit:
                     break
         return listed
+
+    async def session_of(self, execution_id: str) -> str | None:
+        """The session an execution belongs to; None for an unknown execution."""
+        execution = await self.ledger.get_execution(execution_id)
+        return None if execution is None else execution.session
 
     async def execution(self, execution_id: str) -> dict[str, JsonValue] | None:
         """One execution as listed, plus ``steps``: every recorded step in seq order."""

@@ -10,16 +10,18 @@ Every POST answers ``{"outcome", "message"?}``: 200 ``applied``, 409
 ``duplicate`` or ``stale``, 422 ``invalid`` (the output breaks the
 outputSchema, a body of another shape, the wrong kind of step); 404
 ``{"message"}`` for an unknown execution or seq. A GET with a bad query gets
-422 ``{"message"}``. With ``--token`` or ``--admin-token`` set, every route
-needs ``Authorization: Bearer TOKEN`` with one of them (401, no body,
-otherwise); pages reach the WebSocket with ``?token=`` and ``--token`` only.
+422 ``{"message"}``. Every route asks the app's authorizer
+(:mod:`clienttools_server.auth`; by default ``Authorization: Bearer`` with
+``--token`` or ``--admin-token`` when either is set): refused, 401 with no
+body. A principal sees and settles only the executions of its own sessions
+(an operator every one); another's is a 404 word for word as for one that
+does not exist (O1-O3).
 
     routes = pending_routes()      # Route objects, before the static mount
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Annotated, Any
@@ -29,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .auth import Principal, access, authorize, route_of, unauthorized
 from .config import ServerConfig
 from .pending import DEFAULT_LIMIT, DEFAULT_REJECT_CODE, Answer, InvalidQuery, PendingCalls
 
@@ -58,21 +61,6 @@ class RejectBody(_Body):
     code: Annotated[str, Field(min_length=1, max_length=_MAX_CODE)] = DEFAULT_REJECT_CODE
 
 
-def authorized(request: Request, config: ServerConfig) -> bool:
-    """Does the request carry ``Authorization: Bearer`` with a configured token (constant time)?"""
-    tokens = [t for t in (config.token, config.admin_token) if t is not None]
-    if not tokens:
-        return True
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        given = ""
-    found = False
-    for token in tokens:
-        # Every token is compared, so the time does not tell which one matched.
-        found |= hmac.compare_digest(given.strip().encode(), token.encode())
-    return found
-
-
 def _message(status: int, message: str) -> JSONResponse:
     return JSONResponse({"message": message}, status_code=status)
 
@@ -86,16 +74,16 @@ def _pending(request: Request) -> PendingCalls:
     return pending
 
 
-def _refused(request: Request) -> Response | None:
-    if authorized(request, request.app.state.config):
-        return None
-    return Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
+def _not_found(execution_id: str) -> JSONResponse:
+    # Word for word the answer for an execution that does not exist: another
+    # principal's execution is one that does not exist, as far as the caller can tell (O1).
+    return _message(404, f"no execution {execution_id[:64]!r}")
 
 
 async def list_executions(request: Request) -> Response:
-    refused = _refused(request)
-    if refused is not None:
-        return refused
+    principal = await authorize(request)
+    if principal is None:
+        return unauthorized()
     query = request.query_params
     raw_limit = query.get("limit", str(DEFAULT_LIMIT))
     try:
@@ -108,20 +96,31 @@ async def list_executions(request: Request) -> Response:
             session=query.get("session"),
             limit=limit,
             before=query.get("before") or None,
+            sessions=await access(request).sessions(principal),
         )
     except InvalidQuery as exc:
         return _message(422, str(exc))
     return JSONResponse({"executions": executions})
 
 
+async def _visible(request: Request, principal: Principal, execution_id: str) -> bool:
+    """Does the execution exist, in a session ``principal`` may use (O1, O3)?"""
+    session = await _pending(request).session_of(execution_id)
+    if session is None:
+        return False
+    return await access(request).allows(principal, session, route=route_of(request))
+
+
 async def get_execution(request: Request) -> Response:
-    refused = _refused(request)
-    if refused is not None:
-        return refused
+    principal = await authorize(request)
+    if principal is None:
+        return unauthorized()
     execution_id: str = request.path_params["execution_id"]
+    if not await _visible(request, principal, execution_id):
+        return _not_found(execution_id)
     found = await _pending(request).execution(execution_id)
     if found is None:
-        return _message(404, f"no execution {execution_id[:64]!r}")
+        return _not_found(execution_id)
     return JSONResponse(found)
 
 
@@ -160,9 +159,9 @@ _BODIES: dict[str, type[_Body]] = {
 
 
 async def settle_step(request: Request) -> Response:
-    refused = _refused(request)
-    if refused is not None:
-        return refused
+    principal = await authorize(request)
+    if principal is None:
+        return unauthorized()
     execution_id: str = request.path_params["execution_id"]
     raw_seq: str = request.path_params["seq"]
     action: str = request.path_params["action"]
@@ -173,6 +172,8 @@ async def settle_step(request: Request) -> Response:
     if not raw_seq.isascii() or not raw_seq.isdigit() or len(raw_seq) > 18:
         return _message(404, f"no step {raw_seq[:32]!r} in execution {execution_id[:64]!r}")
     seq = int(raw_seq)
+    if not await _visible(request, principal, execution_id):
+        return _not_found(execution_id)
     # Before the body is read: a missing step is a 404 whatever the body.
     missing = await pending.find_step(execution_id, seq)
     if isinstance(missing, Answer):
@@ -192,7 +193,10 @@ async def settle_step(request: Request) -> Response:
         assert isinstance(body, RejectBody)
         answer = await pending.reject(execution_id, seq, body.message, body.code)
     if answer.ok:
-        logger.info("step %s of execution %s: %s over HTTP", seq, execution_id, action)
+        logger.info(
+            "step %s of execution %s: %s over HTTP by principal %r",
+            seq, execution_id, action, principal.id,
+        )  # fmt: skip
     return _answer(answer)
 
 

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,7 @@ from server_harness import ChunkCollector
 from clienttools import ToolClient
 from clienttools_server.ledger import SqliteLedger
 from tests.support.faultproxy import FaultProxy, Rule, drop
-from tests.support.server_process import ROOT, ServerProcess, free_port
-from tests.support.wait import wait_until
+from tests.support.server_process import ROOT, ServerProcess
 
 
 class Tap:
@@ -209,43 +207,6 @@ async def test_example_agent_serves_its_tool_and_the_pages(
             await page.close()
     assert message.text == 'exchange_rate -> 1.08\npage_title -> "Demo"'
     tap.response(chunk_collector, "agent-loop-example")
-
-
-async def test_fastapi_mounting_example() -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "examples.fastapi_app:app", "--port", str(port),
-         "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                return False
-
-        await wait_until(lambda: process.poll() is not None or up(), 30, what="uvicorn")
-        assert process.poll() is None
-        page = ToolClient(f"ws://127.0.0.1:{port}/clienttools/agents/chat/fa")
-
-        @page.tool
-        async def page_title() -> str:
-            """The title of the page."""
-            return "Mounted"
-
-        await page.connect()
-        try:
-            message = await page.chat.send("call page_title {}")
-        finally:
-            await page.close()
-        assert message.text == 'page_title -> "Mounted"'
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.mark.parametrize(

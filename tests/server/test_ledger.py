@@ -700,7 +700,7 @@ async def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path)
     await SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
     raw.close()
 
 
@@ -712,6 +712,7 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
     for column in ("owner", "generation", "lease_until"):
         raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
     raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+    raw.execute("DROP TABLE session_owners")
     raw.execute("PRAGMA user_version = 1")
     raw.close()
     async with SqliteLedger(path) as ledger:
@@ -720,7 +721,7 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
         recorded = await ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
     raw.close()
 
 
@@ -737,6 +738,7 @@ async def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: Postg
             raw.execute(f"ALTER TABLE steps DROP COLUMN {column}")
         raw.execute("DROP TABLE processes, registrations")
         raw.execute("DROP SEQUENCE registration_order")
+        raw.execute("DROP TABLE session_owners")
         raw.execute("UPDATE ledger_schema SET version = 1")
     async with await PostgresLedger.connect(url) as ledger:
         step = await ledger.get_step(execution_id, seq)
@@ -1479,3 +1481,80 @@ async def test_a_postgres_batch_idle_past_the_lease_lets_its_run_go(
                 assert [e.id for e in taken] == [execution.id]
         # Nothing of the batch was committed.
         assert await other.steps(execution.id) == []
+
+
+# --------------------------------------------------------------------------- session owners (O1)
+
+
+async def test_the_first_principal_to_claim_a_session_owns_it(ledger: Ledger) -> None:
+    assert await ledger.session_owner("desk") is None
+    assert await ledger.claim_session("desk", "alice", T0) == "alice"
+    # A later claim changes nothing and names the owner.
+    assert await ledger.claim_session("desk", "bob", T0 + 1) == "alice"
+    assert await ledger.claim_session("desk", "alice", T0 + 2) == "alice"
+    assert await ledger.session_owner("desk") == "alice"
+    assert await ledger.claim_session("bench", "bob", T0) == "bob"
+    assert await ledger.claim_session("attic", "alice", T0) == "alice"
+    assert await ledger.sessions_owned_by("alice") == ["attic", "desk"]
+    assert await ledger.sessions_owned_by("bob") == ["bench"]
+    assert await ledger.sessions_owned_by("carol") == []
+
+
+async def test_owners_round_trip_any_text(ledger: Ledger) -> None:
+    session, principal = "s\x00\\0é", "p\x00\\"
+    assert await ledger.claim_session(session, principal, T0) == principal
+    assert await ledger.session_owner(session) == principal
+    assert await ledger.sessions_owned_by(principal) == [session]
+
+
+async def test_owners_survive_a_restart(open_durable_ledger: tuple[str, str]) -> None:
+    async with _opened(*open_durable_ledger) as ledger:
+        await ledger.claim_session("desk", "alice", T0)
+    async with _opened(*open_durable_ledger) as ledger:
+        assert await ledger.session_owner("desk") == "alice"
+        assert await ledger.claim_session("desk", "bob", T0) == "alice"
+
+
+async def test_processes_claiming_one_session_at_once_agree_on_one_owner(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    ledgers = [await PostgresLedger.connect(url) for _ in range(4)]
+    try:
+        for round_ in range(10):
+            session = f"s{round_}"
+            owners = await asyncio.gather(
+                *(ledger.claim_session(session, f"p{i}", T0) for i, ledger in enumerate(ledgers))
+            )
+            assert len(set(owners)) == 1
+            assert await ledgers[0].session_owner(session) == owners[0]
+    finally:
+        for ledger in ledgers:
+            await ledger.close()
+
+
+async def test_sessions_of_an_older_ledger_go_to_the_shared_principal(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with SqliteLedger(path) as ledger:
+        await ledger.start_execution("old", "{}", now=T0)
+        await ledger.start_execution("old", "{}", now=T0 + 5)
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE session_owners")  # as version 3 left it
+    raw.execute("PRAGMA user_version = 3")
+    raw.close()
+    async with SqliteLedger(path) as ledger:
+        assert await ledger.session_owner("old") == "shared"
+        assert await ledger.sessions_owned_by("shared") == ["old"]
+
+
+async def test_sessions_of_an_older_postgres_ledger_go_to_the_shared_principal(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        await ledger.start_execution("old", "{}", now=T0)
+    with psycopg.connect(url) as raw:
+        raw.execute("DROP TABLE session_owners")
+        raw.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION - 1,))
+    async with await PostgresLedger.connect(url) as ledger:
+        assert await ledger.session_owner("old") == "shared"
