@@ -700,7 +700,7 @@ async def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path)
     await SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
     raw.close()
 
 
@@ -712,6 +712,8 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
     for column in ("owner", "generation", "lease_until"):
         raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
     raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
+    raw.execute("DROP TABLE chat_messages")
+    raw.execute("DROP TABLE chats")
     raw.execute("PRAGMA user_version = 1")
     raw.close()
     async with SqliteLedger(path) as ledger:
@@ -720,7 +722,7 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
         recorded = await ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
     raw.close()
 
 
@@ -729,7 +731,7 @@ async def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: Postg
     async with await PostgresLedger.connect(url) as ledger:
         execution_id, seq = await _tool_step(ledger)
     with psycopg.connect(url) as raw:
-        raw.execute("DROP TABLE chunks")
+        raw.execute("DROP TABLE chunks, chat_messages, chats")
         for column in ("owner", "generation", "lease_until", "chat_id"):
             raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
