@@ -177,6 +177,10 @@ class Chat:
         if self._state.receive(frame):
             self._changed()
 
+    async def subscribe(self) -> None:
+        """Ask for the stored messages, now and after every change (the client does it)."""
+        await self._send(protocol.dump_frame(self._state.subscribe()))
+
     def connection_lost(self) -> None:
         # Nothing changes for the UI: a response in flight stays "streaming".
         self._connected = False
@@ -185,7 +189,7 @@ class Chat:
         """Every open: subscribe to the stored messages (a reload or a reconnect gets
         them), and resume the response that was streaming during the drop."""
         self._connected = True
-        await self._send(protocol.dump_frame(self._state.subscribe()))
+        await self.subscribe()
         if self._state.active:
             frame = self._state.begin_resume(self._id_factory())
             await self._send(protocol.dump_frame(frame))

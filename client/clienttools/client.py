@@ -388,7 +388,7 @@ class ToolClient:
             self._chat = Chat(self._send_chat_frame, chat_id=chat_id)
             if self._status == "open":
                 # The chat subscribes by itself (H3): now, and on every later open.
-                self._spawn(self._chat.connection_restored(), "chat subscribe")
+                self._spawn(self._chat.subscribe(), "chat subscribe")
         return self._chat
 
     # --- state -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .agents import default_agent, load_agent
+from .chat_routes import chat_routes
 from .clock import SYSTEM_CLOCK, Clock
 from .cluster import Bus
 from .config import ServerConfig
@@ -204,6 +205,7 @@ def create_app(
         Route("/agents/info", info, methods=["GET"]),
     ]
     routes += pending_routes()
+    routes += chat_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)
