@@ -178,6 +178,9 @@ class Conversations:
         self.max_bytes = max_bytes
         # chat id -> connection id -> the connection: who gets the chat's changes (H3)
         self.subscribers: dict[str, dict[str, Client]] = {}
+        # chat id -> the version last pushed to its subscribers: a notification read
+        # after a later save finds that one already sent, and sends nothing again.
+        self._pushed: dict[str, int] = {}
         if bus is not None:
             bus.on(CHAT_CHANGED, self._on_changed)
             bus.on_reconnect(self._on_reconnect)
@@ -248,6 +251,7 @@ class Conversations:
             del subs[client.id]
             if not subs:
                 del self.subscribers[chat_id]
+                self._pushed.pop(chat_id, None)
 
     async def owned_elsewhere(self, session: str, chat_id: str) -> bool:
         """H5: does another session have this chat?"""
@@ -334,6 +338,12 @@ class Conversations:
         if not subs:
             return
         stored = await self.ledger.get_chat(chat_id)
+        if stored is not None:
+            if stored.version <= self._pushed.get(chat_id, 0):
+                return
+            self._pushed[chat_id] = stored.version
+        else:
+            self._pushed.pop(chat_id, None)
         frame = _messages_frame(chat_id, stored)
         for client in list(subs.values()):
             # A subscriber of another session never sees it (H5): it subscribed
@@ -347,7 +357,7 @@ class Conversations:
             await self._push(chat_id)
 
     async def _on_reconnect(self) -> None:
-        # Changes announced while the bus was away were missed: send each chat again.
+        # Changes announced while the bus was away were missed: send what is newer.
         for chat_id in list(self.subscribers):
             await self._push(chat_id)
 
