@@ -558,6 +558,15 @@ def on_chat_change(_: Chat) -> None:
 chat.on_change(on_chat_change)
 
 
+def messages_json(*_: Any) -> str:
+    """The conversation as the page holds it, for the tests and the driver (AI SDK JSON)."""
+    return json.dumps([message.to_wire() for message in chat.messages])
+
+
+_messages_proxy = create_proxy(messages_json)
+js.window.demoMessages = _messages_proxy
+
+
 # --------------------------------------------------------------------------- connection
 
 CONN_TEXT = {
