@@ -12,6 +12,7 @@ from server_harness import FakeBrowser, settled, tool_spec, user_message
 
 from clienttools import ToolClient
 from clienttools_server.app import RunningServer
+from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
 from tests.support.wait import wait_until
 
@@ -352,4 +353,41 @@ async def test_an_answer_that_finished_without_the_page_is_there_when_it_comes_b
         assert len(chat.messages) == 2
     finally:
         await back.close()
+    await settled(server.hub)
+
+
+async def test_after_a_drop_mid_answer_the_chat_holds_the_stored_messages_once(
+    server: RunningServer,
+) -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+    async with FaultProxy("127.0.0.1", server.port) as proxy:
+        page = ToolClient(proxy.url("/agents/chat/drop"))
+
+        @page.tool
+        async def slow() -> str:
+            """Wait for the test."""
+            started.set()
+            await release.wait()
+            return "done"
+
+        await page.connect()
+        try:
+            chat = page.chat
+            await page.chat.send("hello")  # a first turn, stored
+            sending = asyncio.create_task(chat.send("call slow {}"))
+            await asyncio.wait_for(started.wait(), 10)
+            assert proxy.cut_all() >= 1  # the socket drops mid-answer
+            async with asyncio.timeout(10):
+                while not (page.connected and chat.state.version >= 1):
+                    await asyncio.sleep(0.02)
+            release.set()
+            answer = await asyncio.wait_for(sending, 20)
+            assert answer.text == 'slow -> "done"'
+            stored = (await http(server, "GET", "/chats/drop")).json["messages"]
+            assert [m.to_wire() for m in chat.messages] == stored
+            assert [m.role for m in chat.messages] == ["user", "assistant"] * 2
+            assert len({m.id for m in chat.messages}) == 4
+        finally:
+            await page.close()
     await settled(server.hub)
