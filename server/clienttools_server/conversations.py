@@ -456,11 +456,16 @@ class ResponseRecorder:
         writer = self._writer
         if writer is not None and not final:
             writer.cancel()
-        if writer is not None:
-            try:
-                await writer
-            except asyncio.CancelledError:
-                if not writer.cancelled():
-                    raise
-        if final:
-            await self._store(streaming=None)
+        try:
+            if writer is not None:
+                try:
+                    await writer
+                except asyncio.CancelledError:
+                    if not writer.cancelled():
+                        raise
+            if final:
+                await self._store(streaming=None)
+        except Exception:
+            # The response must still end for the page; what was stored stays.
+            logger.exception("chat %r: the answer of run %s not stored", self._chat_id,
+                             self._execution_id)  # fmt: skip

@@ -115,7 +115,6 @@ class ActiveRun:
     task: asyncio.Task[None]
     log: ChunkLog
     session: str
-    recorder: ResponseRecorder
 
 
 class Hub:
@@ -693,7 +692,7 @@ class Hub:
             client_tools=self.config.client_tools,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name, recorder))
-        self.runs[execution_id] = ActiveRun(run, task, log, session_name, recorder)
+        self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
     async def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
         """The log of a run resumed here: on a shared ledger it goes on from the chunks
