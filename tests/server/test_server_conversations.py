@@ -391,3 +391,16 @@ async def test_after_a_drop_mid_answer_the_chat_holds_the_stored_messages_once(
         finally:
             await page.close()
     await settled(server.hub)
+
+
+async def test_a_chat_is_deleted_a_retention_after_its_last_change(
+    start_server: Any, open_browser: OpenBrowser
+) -> None:
+    server = await start_server(retention=0.5)
+    tab = await open_browser(server)
+    await tab.response(await send(tab, [user_message("hello")]))
+    assert (await http(server, "GET", "/chats/chat-1")).status == 200
+    async with asyncio.timeout(10):
+        while (await http(server, "GET", "/chats/chat-1")).status != 404:
+            await asyncio.sleep(0.1)
+    await settled(server.hub)
