@@ -404,6 +404,9 @@ def all_tool_parts() -> list[ToolPart]:
 def render_cards() -> None:
     container = el("cards")
     parts = all_tool_parts()
+    shown = {part.tool_call_id for part in parts}
+    for call_id in [c for c in cards if c not in shown]:
+        cards.pop(call_id).root.remove()
     for part in parts:
         card = cards.get(part.tool_call_id)
         if card is None:
@@ -497,6 +500,10 @@ def render_chat() -> None:
     box = el("messages")
     stick = box.scrollHeight - box.scrollTop - box.clientHeight < 120
     el("welcome").hidden = bool(chat.messages)
+    # The server's stored conversation may drop messages (cleared in another window).
+    shown = {message.id for message in chat.messages}
+    for message_id in [m for m in message_views if m not in shown]:
+        message_views.pop(message_id).root.remove()
     for message in chat.messages:
         view = message_views.get(message.id)
         if view is None:
@@ -549,6 +556,15 @@ def on_chat_change(_: Chat) -> None:
 
 
 chat.on_change(on_chat_change)
+
+
+def messages_json(*_: Any) -> str:
+    """The conversation as the page holds it, for the tests and the driver (AI SDK JSON)."""
+    return json.dumps([message.to_wire() for message in chat.messages])
+
+
+_messages_proxy = create_proxy(messages_json)
+js.window.demoMessages = _messages_proxy
 
 
 # --------------------------------------------------------------------------- connection
@@ -698,4 +714,19 @@ render_notes()
 render_chat()
 await connect()  # noqa: F704 (PyScript runs this file with top-level await)
 document.body.setAttribute("data-app", "ready")
+
+
+async def follow_answer() -> None:
+    """After a reload mid-answer: follow the answer the server is still streaming.
+
+    The conversation itself comes from the server (the chat subscribes by
+    itself); this only rejoins a response in flight (``None`` if none is).
+    """
+    try:
+        await chat.resume()
+    except Exception as exc:  # an answer that failed is shown by render_chat
+        js.console.warn(f"clienttools demo: resume: {exc}")
+
+
+spawn(follow_answer())
 el("prompt").focus()

@@ -13,6 +13,8 @@ timeout, never a fixed sleep. Screenshots and the page's chat log land in
     approval.png   clear_notes waiting for approval next to two finished calls
     finished.png   the whole conversation, light theme
     dark.png       after the model called set_theme {"theme": "dark"}
+    reloaded.png   the page reloaded while long_task ran: the whole conversation, the answer done
+    second-window.png  a second window of the same chat, the next turn arrived live
     chat-log.jsonl every chat.status / tool part state change the page recorded
 
 Exit status 0 when every step passed; 1 (and the failing step's name, plus
@@ -47,6 +49,8 @@ SCREENSHOTS = (
     "approval.png",
     "finished.png",
     "dark.png",
+    "reloaded.png",
+    "second-window.png",
 )
 VIEWPORT: ViewportSize = {"width": 1280, "height": 860}
 
@@ -328,6 +332,98 @@ def step_chat_log(demo: Demo) -> None:
         raise StepFailed("; ".join(problems[:10]))
 
 
+def messages(page: Page) -> list[dict[str, Any]]:
+    """The conversation the page holds (its ``window.demoMessages()``)."""
+    held: list[dict[str, Any]] = json.loads(page.evaluate("window.demoMessages()"))
+    return held
+
+
+def wait_messages(demo: Demo, page: Page, count: int, text: str) -> list[dict[str, Any]]:
+    """Wait until ``page``'s chat is ready with ``count`` messages, the last holding ``text``."""
+    try:
+        page.wait_for_function(
+            """([count, text]) => {
+                if (document.getElementById('chat-status').dataset.state !== 'ready') return false;
+                const messages = JSON.parse(window.demoMessages());
+                const last = messages[messages.length - 1];
+                return messages.length === count && last.role === 'assistant'
+                    && last.parts.some((p) => p.type === 'text' && p.text.includes(text));
+            }""",
+            arg=[count, text],
+            timeout=60_000,
+        )
+    except Error as exc:
+        held = [(m["role"], len(m["parts"])) for m in messages(page)]
+        raise StepFailed(
+            f"expected {count} messages ending in {text!r}, the page has {held}"
+        ) from exc
+    return messages(page)
+
+
+def step_reload_mid_answer(demo: Demo) -> None:
+    """Reload while a page tool runs: the server's stored conversation comes back whole,
+    the answer goes on (the call is delivered again to the reloaded page)."""
+    page = demo.page
+    before = messages(page)
+    demo.send('call long_task {"steps": 10, "step_ms": 300}')
+    demo.wait("document.querySelector(\"#cards .card[data-tool='long_task'][data-progress]\")")
+    page.reload(wait_until="commit")
+    step_ready_again(demo)
+    after = wait_messages(demo, page, len(before) + 2, "long_task -> {")
+    if after[: len(before)] != before:
+        raise StepFailed("the conversation before the reload is not the same after it")
+    if len({m["id"] for m in after}) != len(after):
+        raise StepFailed("a message is shown twice after the reload")
+    demo.wait_card("long_task", "output-available")
+    demo.shot("reloaded.png")
+
+
+def step_reload_after_answer(demo: Demo) -> None:
+    page = demo.page
+    before = messages(page)
+    page.reload(wait_until="commit")
+    step_ready_again(demo)
+    demo.wait("([n]) => JSON.parse(window.demoMessages()).length === n", [len(before)])
+    if messages(page) != before:
+        raise StepFailed("the conversation changed across a reload")
+
+
+def step_second_window(demo: Demo, url: str) -> None:
+    """A second window of the same chat: the same conversation, and the next turn live."""
+    page = demo.page
+    second = page.context.new_page()
+    try:
+        second.set_default_timeout(demo.timeout)
+        second.goto(url, wait_until="commit")
+        second.wait_for_function(
+            "document.body.dataset.app === 'ready'", timeout=CONFIG.PAGE_LOAD_TIMEOUT_MS
+        )
+        held = messages(page)
+        second.wait_for_function(
+            "([n]) => JSON.parse(window.demoMessages()).length === n", arg=[len(held)]
+        )
+        if messages(second) != held:
+            raise StepFailed("the second window shows another conversation")
+        demo.send("call server_time {}")
+        first = wait_messages(demo, page, len(held) + 2, "server_time -> ")
+        if wait_messages(demo, second, len(held) + 2, "server_time -> ") != first:
+            raise StepFailed("the second window did not get the same turn")
+        second.screenshot(path=str(demo.out / "second-window.png"), animations="disabled")
+    finally:
+        second.close()
+
+
+def step_ready_again(demo: Demo) -> None:
+    try:
+        demo.wait(
+            "document.body.dataset.app === 'ready'"
+            " && document.getElementById('conn').dataset.state === 'open'",
+            timeout=CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+    except Error as exc:
+        raise StepFailed("the reloaded page did not connect") from exc
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -369,6 +465,9 @@ def run(url: str, out: Path) -> tuple[bool, list[str]]:
             ("plain text prompt", lambda: step_plain_text(demo)),
             ("dark theme from a tool", lambda: step_dark_theme(demo)),
             ("chat log: no state moves back, no flicker", lambda: step_chat_log(demo)),
+            ("reload mid-answer: the conversation is whole", lambda: step_reload_mid_answer(demo)),
+            ("reload after the answer: the same", lambda: step_reload_after_answer(demo)),
+            ("a second window shows the chat live", lambda: step_second_window(demo, page_url)),
         ]
         passed = True
         try:

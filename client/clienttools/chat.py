@@ -160,6 +160,10 @@ class ChatState:
         self._error: str | None = None
         self._response: _Response | None = None
         self._last_message: UIMessage | None = None
+        # The version of the stored messages last applied (0: none yet), and a newer
+        # stored list that came while our own response was in flight (applied at its end).
+        self._version = 0
+        self._stored: protocol.ChatMessagesFrame | None = None
         self._max_buffered = max_buffered_chunks
         # Counters for logs and tests: frames dropped, chunks the builder
         # ignored, tool events the transition table refused.
@@ -176,6 +180,11 @@ class ChatState:
     @property
     def status(self) -> ChatStatus:
         return self._status
+
+    @property
+    def version(self) -> int:
+        """The version of the server's stored messages applied last (0: none yet)."""
+        return self._version
 
     @property
     def error(self) -> str | None:
@@ -277,17 +286,23 @@ class ChatState:
         self._finish("ready")
         return protocol.AbortFrame(request_id=response.request_id)
 
-    def clear(self) -> None:
-        """Forget every message: the next ``begin_request`` starts a fresh conversation.
+    def clear(self) -> protocol.ChatClearFrame:
+        """Forget every message; return the frame that clears the chat on the server.
 
-        The chat id, ``status`` and ``error`` stay as they are (the server reads
-        the history from each ``send`` frame, so nothing needs telling). Not while
-        a response is in flight: ``abort()`` it or wait for it first.
+        The server deletes what it stored and every tab subscribed to the chat
+        gets the empty list (H4). The chat id, ``status`` and ``error`` stay as
+        they are. Not while a response is in flight: ``abort()`` it or wait for
+        it first.
         """
         if self._response is not None:
             raise LocalProtocolError(_IN_PROGRESS)
         self._messages.clear()
         self._last_message = None
+        return protocol.ChatClearFrame(id=self.chat_id)
+
+    def subscribe(self) -> protocol.ChatSubscribeFrame:
+        """The frame asking the server for the stored messages, now and after every change."""
+        return protocol.ChatSubscribeFrame(id=self.chat_id)
 
     def fail(self, error_text: str) -> bool:
         """The I/O layer could not send the request: end it with an error."""
@@ -322,6 +337,8 @@ class ChatState:
         The frame comes parsed and checked (``Session`` did it): only which
         request it belongs to is left to decide here.
         """
+        if isinstance(frame, protocol.ChatMessagesFrame):
+            return self._receive_stored(frame)
         response = self._response
         if response is None or frame.request_id != response.request_id:
             # Late frames of an aborted or finished request, or of another page.
@@ -331,17 +348,50 @@ class ChatState:
         if isinstance(frame, protocol.EndFrame):
             self._drain_after_gap(response)
             self._finish("error" if response.builder.error_text is not None else "ready")
+            self._apply_stored()
             return True
         if isinstance(frame, protocol.ErrorFrame):
             self._error = DEFAULT_ERROR if frame.error_text is None else frame.error_text
             self._finish("error")
+            self._apply_stored()
             return True
         if isinstance(frame, protocol.NoActiveFrame):
             self._finish("ready")
+            self._apply_stored()
             return True
         return False  # start: nothing to show until the first chunk
 
     # -- internals
+
+    def _receive_stored(self, frame: protocol.ChatMessagesFrame) -> bool:
+        """The server's stored messages (H3): they replace ours, newest version only.
+
+        While our own response is in flight they wait for its end: the stored
+        list may be older than what is streaming, and the server stores the
+        response's final state before it sends ``end``.
+        """
+        if frame.id != self.chat_id or frame.version <= self._version:
+            return self._ignore_frame("another chat or an older version", frame)
+        if self._stored is not None and frame.version <= self._stored.version:
+            return self._ignore_frame("an older version", frame)
+        self._stored = frame
+        if self._response is not None:
+            return False
+        return self._apply_stored()
+
+    def _apply_stored(self) -> bool:
+        frame, self._stored = self._stored, None
+        if frame is None:
+            return False
+        try:
+            messages = [UIMessage.model_validate(m) for m in frame.messages]
+        except ValueError:
+            return self._ignore_frame("stored messages that are not UIMessages", frame)
+        self._version = frame.version
+        if messages == self._messages:
+            return False
+        self._messages = messages
+        return True
 
     def _ignore_frame(self, why: str, frame: object) -> bool:
         self.ignored_frames += 1

@@ -55,6 +55,7 @@ class Chat:
         self._observers: Observers[[Chat]] = Observers("chat: on_change")
         self._done: asyncio.Future[None] | None = None
         self._connected = True
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- state
 
@@ -153,12 +154,15 @@ class Chat:
             logger.warning("chat: could not send abort", exc_info=True)
 
     def clear(self) -> None:
-        """Start a fresh conversation: forget every message (``ChatState.clear``).
+        """Start a fresh conversation: forget every message, here and on the server.
 
-        Raises ``LocalProtocolError`` while a response is in flight; ``stop()`` it first.
+        Every tab of the chat sees the empty conversation (the server refuses
+        while a response streams for it, and keeps the messages). Raises
+        ``LocalProtocolError`` while a response is in flight; ``stop()`` it first.
         """
-        self._state.clear()
+        frame = self._state.clear()
         self._changed()
+        self._send_soon(frame)
 
     async def respond(self, tool_call_id: str, approved: bool, reason: str | None = None) -> None:
         """Answer a tool approval request."""
@@ -173,17 +177,38 @@ class Chat:
         if self._state.receive(frame):
             self._changed()
 
+    async def subscribe(self) -> None:
+        """Ask for the stored messages, now and after every change (the client does it)."""
+        await self._send(protocol.dump_frame(self._state.subscribe()))
+
     def connection_lost(self) -> None:
         # Nothing changes for the UI: a response in flight stays "streaming".
         self._connected = False
 
     async def connection_restored(self) -> None:
+        """Every open: subscribe to the stored messages (a reload or a reconnect gets
+        them), and resume the response that was streaming during the drop."""
         self._connected = True
+        await self.subscribe()
         if self._state.active:
             frame = self._state.begin_resume(self._id_factory())
             await self._send(protocol.dump_frame(frame))
 
     # -- internals
+
+    def _send_soon(self, frame: protocol.ChatClearFrame) -> None:
+        """Send without awaiting, from synchronous code; a socket that is down drops it
+        (the next open subscribes again and gets what the server holds)."""
+
+        async def send() -> None:
+            try:
+                await self._send(protocol.dump_frame(frame))
+            except Exception:
+                logger.warning("chat: could not send %s", frame.type, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _begin(self, text: str | UIMessage) -> asyncio.Future[None]:
         frame = self._state.begin_request(self._id_factory(), text)

@@ -386,6 +386,9 @@ class ToolClient:
 
             chat_id = self._chat_id or _session_of(self.url)
             self._chat = Chat(self._send_chat_frame, chat_id=chat_id)
+            if self._status == "open":
+                # The chat subscribes by itself (H3): now, and on every later open.
+                self._spawn(self._chat.subscribe(), "chat subscribe")
         return self._chat
 
     # --- state -------------------------------------------------------------------------
@@ -532,8 +535,8 @@ class ToolClient:
             for rejected in outcome.rejected:
                 logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
         self._step(ClientEvent.OPENED)
-        if not first and self._chat is not None:
-            self._spawn(self._chat.connection_restored(), "chat resume")
+        if self._chat is not None:
+            self._spawn(self._chat.connection_restored(), "chat subscribe and resume")
 
     def _attach(self, socket: Socket) -> Connection:
         connection = Connection(socket, self._session, self._pump)

@@ -30,7 +30,10 @@ from clienttools.protocol import (
 __all__ = [
     "AbortFrame",
     "CancelFrame",
+    "ChatClearFrame",
+    "ChatMessagesFrame",
     "ChatServerFrame",
+    "ChatSubscribeFrame",
     "ChunkFrame",
     "ClientFrame",
     "ClientToolsFrame",
@@ -181,6 +184,21 @@ class AbortFrame(WireModel):
     request_id: RequestId
 
 
+# --- client to server: the chat stored on the server ---------------------------------
+
+ChatId = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class ChatSubscribeFrame(WireModel):
+    type: Literal["cf_agent_chat_subscribe"] = "cf_agent_chat_subscribe"
+    id: ChatId
+
+
+class ChatClearFrame(WireModel):
+    type: Literal["cf_agent_chat_clear"] = "cf_agent_chat_clear"
+    id: ChatId
+
+
 # --- server to client: tool frames -------------------------------------------------
 
 
@@ -255,6 +273,15 @@ class NoActiveFrame(WireModel):
     request_id: RequestId
 
 
+class ChatMessagesFrame(WireModel):
+    """The stored messages of a chat, to a connection that subscribed to it."""
+
+    type: Literal["cf_agent_chat_messages"] = "cf_agent_chat_messages"
+    id: str
+    messages: list[dict[str, JsonValue]]
+    version: Annotated[int, Field(ge=0)]
+
+
 ClientFrame: TypeAlias = Annotated[
     ClientToolsFrame
     | ToolResultFrame
@@ -263,7 +290,9 @@ ClientFrame: TypeAlias = Annotated[
     | PongFrame
     | SendFrame
     | ResumeFrame
-    | AbortFrame,
+    | AbortFrame
+    | ChatSubscribeFrame
+    | ChatClearFrame,
     Field(discriminator="type"),
 ]
 ServerFrame: TypeAlias = Annotated[
@@ -277,10 +306,13 @@ ServerFrame: TypeAlias = Annotated[
     | ChunkFrame
     | EndFrame
     | ErrorFrame
-    | NoActiveFrame,
+    | NoActiveFrame
+    | ChatMessagesFrame,
     Field(discriminator="type"),
 ]
-ChatServerFrame: TypeAlias = StartFrame | ChunkFrame | EndFrame | ErrorFrame | NoActiveFrame
+ChatServerFrame: TypeAlias = (
+    StartFrame | ChunkFrame | EndFrame | ErrorFrame | NoActiveFrame | ChatMessagesFrame
+)
 
 #: Each frame model by its `type`, of both sides (no type is on both).
 MODELS_BY_TYPE: dict[str, type[WireModel]] = {

@@ -109,7 +109,7 @@ __all__ = [
 
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 #: Chat frames (C14) have no client here; they are dropped without a warning.
-_CHAT_TYPES = ("start", "chunk", "end", "error", "no-active")
+_CHAT_TYPES = ("start", "chunk", "end", "error", "no-active", "cf_agent_chat_messages")
 _OPEN = 1
 
 

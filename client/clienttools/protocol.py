@@ -41,7 +41,10 @@ if TYPE_CHECKING:
     from clienttools.frames import (
         AbortFrame,
         CancelFrame,
+        ChatClearFrame,
+        ChatMessagesFrame,
         ChatServerFrame,
+        ChatSubscribeFrame,
         ChunkFrame,
         ClientFrame,
         ClientToolsFrame,
@@ -76,7 +79,10 @@ __all__ = [
     "TOOL_NAME_PATTERN",
     "AbortFrame",
     "CancelFrame",
+    "ChatClearFrame",
+    "ChatMessagesFrame",
     "ChatServerFrame",
+    "ChatSubscribeFrame",
     "ChunkFrame",
     "ClientFrame",
     "ClientToolsFrame",
@@ -133,6 +139,8 @@ CLIENT_FRAME_TYPES = frozenset(
         "send",
         "resume",
         "abort",
+        "cf_agent_chat_subscribe",
+        "cf_agent_chat_clear",
     }
 )
 SERVER_FRAME_TYPES = frozenset(
@@ -148,6 +156,7 @@ SERVER_FRAME_TYPES = frozenset(
         "end",
         "error",
         "no-active",
+        "cf_agent_chat_messages",
     }
 )
 

@@ -178,7 +178,7 @@ class ToolsAcknowledged:
 
 @dataclass(frozen=True)
 class ChatFrameReceived:
-    """A chat frame (start, chunk, end, error, no-active), parsed, for the chat layer."""
+    """A chat frame (start, chunk, end, error, no-active, the stored messages), parsed."""
 
     frame: protocol.ChatServerFrame
 
@@ -361,6 +361,13 @@ class Session:
                 f" for request {frame.request_id!r}" if frame.request_id else "",
                 frame.message[:MAX_ERROR_MESSAGE_CHARS],
             )
+            if frame.request_id is not None:
+                # A refused chat request (H5): the chat that waits for it ends with the error.
+                self._events.append(
+                    ChatFrameReceived(
+                        protocol.ErrorFrame(request_id=frame.request_id, error_text=frame.message)
+                    )
+                )
         else:
             self._events.append(ChatFrameReceived(frame))
 

@@ -218,7 +218,8 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         metavar="SECONDS",
-        help="delete a finished run from the ledger this long after it finished (default: "
+        help="delete a finished run, and a chat, from the ledger this long after it finished "
+        "or last changed (default: "
         f"{MEMORY_RETENTION:g} without --db, {DB_RETENTION:g} (a week) with it)",
     )
     p.add_argument(

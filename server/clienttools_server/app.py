@@ -40,6 +40,7 @@ from .auth import (
     redact_tokens,
     route_of,
 )
+from .chat_routes import chat_routes
 from .clock import SYSTEM_CLOCK, Clock
 from .cluster import Bus
 from .config import ServerConfig
@@ -236,6 +237,7 @@ def create_app(
         Route("/agents/info", info, methods=["GET"]),
     ]
     routes += pending_routes()
+    routes += chat_routes()
     if config.static_dirs:
         routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)

@@ -34,6 +34,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from clienttools.protocol import (
     AbortFrame,
+    ChatClearFrame,
+    ChatSubscribeFrame,
     ClientFrame,
     ClientToolsFrame,
     FrameError,
@@ -66,7 +68,7 @@ MAX_SESSION_NAME = 256
 
 
 # Frames that show a peer is a page or a chat, not an idle socket (see idle_timeout).
-ENGAGING_FRAMES = (ClientToolsFrame, SendFrame, ResumeFrame)
+ENGAGING_FRAMES = (ClientToolsFrame, SendFrame, ResumeFrame, ChatSubscribeFrame)
 
 
 class Router(Protocol):
@@ -94,6 +96,10 @@ class Router(Protocol):
     async def resume(self, client: Client, frame: ResumeFrame) -> None: ...
 
     async def abort(self, client: Client, frame: AbortFrame) -> None: ...
+
+    async def subscribe_chat(self, client: Client, frame: ChatSubscribeFrame) -> None: ...
+
+    async def clear_chat(self, client: Client, frame: ChatClearFrame) -> None: ...
 
     def lease_lost(self, execution_id: str) -> None: ...
 
@@ -303,6 +309,10 @@ class Connection:
             await hub.resume(self, frame)
         elif isinstance(frame, AbortFrame):
             await hub.abort(self, frame)
+        elif isinstance(frame, ChatSubscribeFrame):
+            await hub.subscribe_chat(self, frame)
+        elif isinstance(frame, ChatClearFrame):
+            await hub.clear_chat(self, frame)
         elif isinstance(frame, PongFrame):
             pass  # any frame shows the socket is alive; uvicorn pings at the transport level
 

@@ -36,6 +36,8 @@ from clienttools.protocol import (
     MAX_TOOLS_PER_CONNECTION,
     AbortFrame,
     CancelReason,
+    ChatClearFrame,
+    ChatSubscribeFrame,
     ClientToolsFrame,
     ErrorFrame,
     InvokeFrame,
@@ -50,11 +52,13 @@ from clienttools.protocol import (
     ToolResultFrame,
     ToolsAckFrame,
     ToolSpec,
+    WireModel,
     json_size,
 )
 
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
+from .conversations import OTHER_SESSION, Conversations, Refusal, ResponseRecorder
 from .journal import ToolCall
 from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
@@ -157,6 +161,8 @@ class Hub:
         if bus is not None:
             self.peers = Peers(ledger, self._local_tools, clock.now)
             self._listen(bus)
+        # The chats' stored messages (H1-H5); on the bus too with several processes.
+        self.conversations = Conversations(ledger, clock, bus=bus)
         # The chat streams across processes (shared_stream.py), on the bus too.
         self.shared: SharedStreams | None = None
         if bus is not None:
@@ -290,6 +296,10 @@ class Hub:
         pruned = await self.ledger.prune_finished(self.config.finished_retention, self.clock.now())
         if pruned:
             logger.debug("pruned %d finished executions", pruned)
+        # A chat lives the same retention after its last change.
+        chats = await self.conversations.prune(self.config.finished_retention)
+        if chats:
+            logger.debug("pruned %d chats", chats)
         return pruned
 
     async def _expire_periodically(self) -> None:
@@ -401,6 +411,7 @@ class Hub:
     async def detach(self, client: Client) -> None:
         if self.connections.get(client.id) is client:
             del self.connections[client.id]
+        self.conversations.drop(client)
         if self.peers is not None and client.registration:
             self.peers.forget(client.session)
             try:
@@ -631,7 +642,14 @@ class Hub:
         if frame.id in session.logs:
             client.send(_busy(frame))
             return
-        request = RunRequest(frame.id, list(frame.messages))
+        # H1, H5 and the size limit: the stored history decides what the run answers.
+        prepared = await self.conversations.prepare(
+            client.session, frame.id, frame.trigger, frame.message_id, frame.messages
+        )
+        if isinstance(prepared, Refusal):
+            client.send(_refused(frame, prepared))
+            return
+        request = RunRequest(frame.id, list[JsonValue](prepared.history))
         try:
             execution = await self.ledger.start_execution(
                 client.session, request.to_json(), self.clock.now(), chat_id=frame.id
@@ -644,6 +662,7 @@ class Hub:
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
             )
             return
+        await self.conversations.started(prepared, execution.id)
         log = ChunkLog(frame.id)
         log.subscribe(frame.request_id, client.id, client.send, after=None)
         await self._launch(execution.id, client.session, request, log, fresh=True)
@@ -663,14 +682,16 @@ class Hub:
             await self.shared.publish(execution_id, log)
         session = self._session(session_name)
         session.logs[request.chat_id] = log
+        # H2: the response's message is stored however the run goes (a replay too).
+        recorder = self.conversations.recorder(session_name, execution_id, request)
         run = Run(
             execution_id, request, self.ledger, self.agent, self.model,
             SessionTools(session_name, self.session_specs, self.browser, self.approvals),
-            self.server_toolset, log.append,
+            self.server_toolset, recorder.through(log.append),
             clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
             client_tools=self.config.client_tools,
         )  # fmt: skip
-        task = asyncio.create_task(self._drive(run, log, session_name))
+        task = asyncio.create_task(self._drive(run, log, session_name, recorder))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)
 
     async def _resumed_log(self, execution_id: str, chat_id: str) -> ChunkLog:
@@ -689,11 +710,18 @@ class Hub:
         await self.shared.publish(execution_id, log, ended=ended, taken=True)
         return log
 
-    async def _drive(self, run: Run, log: ChunkLog, session_name: str) -> None:
+    async def _drive(
+        self, run: Run, log: ChunkLog, session_name: str, recorder: ResponseRecorder
+    ) -> None:
         try:
             await run.execute()
         finally:
             try:
+                ended = (not self._closing or run.aborted) and not run.lost
+                # Stored before the end goes out: a page that sees the end finds the
+                # final message stored (H2). Not at shutdown or once lost: the run
+                # goes on (after a restart, or on another process) and stores it there.
+                await recorder.close(final=ended)
                 self.runs.pop(run.execution_id, None)
                 session = self.sessions.get(session_name)
                 if session is not None:
@@ -703,7 +731,7 @@ class Hub:
                 # At shutdown the response is not over: the page resumes it from
                 # the restarted server instead of seeing it end. Nor is it when
                 # another process took the run over: it goes on there.
-                if (not self._closing or run.aborted) and not run.lost:
+                if ended:
                     log.finish()
                     self.finished.keep(session_name, log)
                     if self.shared is not None:
@@ -724,6 +752,9 @@ class Hub:
         keep a truncated message. A resume without ``lastSequence`` asks what is
         streaming now, and a finished response is not.
         """
+        if await self.conversations.owned_elsewhere(client.session, frame.id):
+            client.send(ProtocolErrorFrame(message=OTHER_SESSION, request_id=frame.request_id))
+            return
         session = self.sessions.get(client.session)
         log = session.logs.get(frame.id) if session is not None else None
         if log is None and self.shared is not None:
@@ -767,6 +798,22 @@ class Hub:
         if problem is not None:
             client.send(ProtocolErrorFrame(message=problem))
 
+    # -- the stored chats (H3, H4)
+
+    async def subscribe_chat(self, client: Client, frame: ChatSubscribeFrame) -> None:
+        await self.conversations.subscribe(client, frame)
+
+    async def clear_chat(self, client: Client, frame: ChatClearFrame) -> None:
+        session = self.sessions.get(client.session)
+        streaming = session is not None and frame.id in session.logs
+        await self.conversations.clear(client, frame, streaming)
+
+    async def chat_streams(self, chat_id: str) -> bool:
+        """Does a response stream for the chat, here or on another process?"""
+        if any(chat_id in session.logs for session in self.sessions.values()):
+            return True
+        return await self.conversations.streams(chat_id)
+
 
 class SessionTools:
     """What a run of one session reaches: its pages' tools, the browser-call proxy, approvals."""
@@ -794,6 +841,12 @@ class SessionTools:
 
     async def await_approval(self, step: Step, call: ToolCall) -> None:
         await self._approvals.wait(self.session, step, call)
+
+
+def _refused(frame: SendFrame, refusal: Refusal) -> WireModel:
+    if refusal.protocol:
+        return ProtocolErrorFrame(message=refusal.message, request_id=frame.request_id)
+    return ErrorFrame(request_id=frame.request_id, error_text=refusal.message)
 
 
 def _busy(frame: SendFrame) -> ErrorFrame:

@@ -47,7 +47,7 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, cast
@@ -77,7 +77,7 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
-_SCHEMA_VERSION = 4
+_SCHEMA_VERSION = 5
 
 # Seconds a lease lasts when the ledger is not told otherwise (--lease).
 DEFAULT_LEASE = 10.0
@@ -271,6 +271,35 @@ class Registration:
     order: int
     client_id: str | None
     tools_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChat:
+    """A chat's conversation as the ledger holds it: the server's truth (rule H1)."""
+
+    id: str
+    session: str
+    version: int
+    updated_at: float
+    # Canonical JSON of each UIMessage, in order.
+    messages: tuple[str, ...]
+    # The execution whose response is being stored into it, until that response ends.
+    streaming: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatSummary:
+    """One line of a listing of chats: what ``GET /chats`` answers for each."""
+
+    id: str
+    session: str
+    message_count: int
+    version: int
+    updated_at: float
+
+
+class ChatOfOtherSession(LookupError):
+    """The chat belongs to another session (rule H5): nothing of it was changed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +689,49 @@ class Ledger(Protocol):
 
     async def sessions_owned_by(self, principal: str) -> list[str]:
         """Every session ``principal`` owns, by name."""
+
+    # the conversations stored on the server (rules H1-H5)
+
+    async def get_chat(self, chat_id: str) -> StoredChat | None: ...
+
+    async def save_chat(
+        self,
+        chat_id: str,
+        session: str,
+        keep: int,
+        messages: Sequence[str],
+        now: float,
+        *,
+        streaming: str | None,
+    ) -> int:
+        """Keep the first ``keep`` stored messages, put ``messages`` (JSON each) after them.
+
+        Creates the chat for ``session`` if it is new; raises
+        :class:`ChatOfOtherSession` if another session has it. ``streaming``
+        names the execution still writing into it (None once its response
+        ended). Returns the chat's new version (1 for a new chat, +1 each save).
+        """
+        ...
+
+    async def delete_chat(self, chat_id: str) -> bool:
+        """Forget the chat and its messages; False if there was none."""
+        ...
+
+    async def chats(
+        self,
+        session: str | None,
+        limit: int,
+        before: tuple[float, str] | None = None,
+        *,
+        sessions: Collection[str] | None = None,
+    ) -> list[ChatSummary]:
+        """Chats newest first (by ``updated_at``, then id); ``before`` is the
+        (updated_at, id) of the last one of the previous page; ``sessions``, if
+        given, the only sessions whose chats are listed (a principal's own)."""
+        ...
+
+    async def prune_chats(self, retention: float, now: float) -> int:
+        """Delete the chats last changed before ``now - retention`` that nothing writes into."""
         ...
 
     async def close(self) -> None: ...
@@ -713,6 +785,30 @@ CREATE TABLE session_owners (
 CREATE INDEX session_owners_by_principal ON session_owners (principal, session);
 """
 
+# The conversations (H1): one row per chat, one per message at its position.
+_CHAT_TABLES = (
+    """
+    CREATE TABLE chats (
+        id            TEXT PRIMARY KEY,
+        session       TEXT NOT NULL,
+        version       INTEGER NOT NULL,
+        message_count INTEGER NOT NULL,
+        streaming     TEXT,
+        updated_at    REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX chats_by_age ON chats (updated_at, id)",
+    "CREATE INDEX chats_by_session ON chats (session, updated_at, id)",
+    """
+    CREATE TABLE chat_messages (
+        chat_id      TEXT NOT NULL REFERENCES chats (id) ON DELETE CASCADE,
+        position     INTEGER NOT NULL CHECK (position >= 0),
+        message_json TEXT NOT NULL,
+        PRIMARY KEY (chat_id, position)
+    )
+    """,
+)
+
 _EXECUTION_COLUMNS = (
     "id, session, status, request_json, error, created_at, updated_at, "
     "owner, generation, lease_until"
@@ -741,6 +837,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO session_owners (session, principal, created_at) "
         "SELECT session, 'shared', MIN(created_at) FROM executions GROUP BY session",
     ),
+    # 5: the conversations stored on the server.
+    _CHAT_TABLES,
 )
 
 
@@ -815,6 +913,8 @@ class SqliteLedger:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                for statement in _CHAT_TABLES:
+                    db.execute(statement)
             else:
                 for statements in _MIGRATIONS[version - 1 :]:
                     for statement in statements:
@@ -1321,3 +1421,106 @@ class SqliteLedger:
                 (canonical, execution_id, seq),
             )
             return self._step_in(db, execution_id, seq)
+
+    # the conversations (H1-H5)
+
+    async def get_chat(self, chat_id: str) -> StoredChat | None:
+        db = self._db
+        row = db.execute(
+            "SELECT session, version, updated_at, streaming FROM chats WHERE id = ?", (chat_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        messages = db.execute(
+            "SELECT message_json FROM chat_messages WHERE chat_id = ? ORDER BY position",
+            (chat_id,),
+        ).fetchall()
+        return StoredChat(chat_id, row[0], row[1], row[2], tuple(m[0] for m in messages), row[3])
+
+    async def save_chat(
+        self,
+        chat_id: str,
+        session: str,
+        keep: int,
+        messages: Sequence[str],
+        now: float,
+        *,
+        streaming: str | None,
+    ) -> int:
+        if keep < 0:
+            raise ValueError(f"keep must not be negative, not {keep}")
+        with self._write() as db:
+            row = db.execute(
+                "SELECT session, version, message_count FROM chats WHERE id = ?", (chat_id,)
+            ).fetchone()
+            if row is None:
+                version, keep = 1, 0
+                db.execute(
+                    "INSERT INTO chats (id, session, version, message_count, streaming, "
+                    "updated_at) VALUES (?, ?, 1, ?, ?, ?)",
+                    (chat_id, session, len(messages), streaming, now),
+                )
+            else:
+                if row[0] != session:
+                    raise ChatOfOtherSession(f"chat {chat_id!r} belongs to another session")
+                version, keep = row[1] + 1, min(keep, row[2])
+                db.execute(
+                    "DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?",
+                    (chat_id, keep),
+                )
+                db.execute(
+                    "UPDATE chats SET version = ?, message_count = ?, streaming = ?, "
+                    "updated_at = ? WHERE id = ?",
+                    (version, keep + len(messages), streaming, now, chat_id),
+                )
+            db.executemany(
+                "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?)",
+                [(chat_id, keep + i, text) for i, text in enumerate(messages)],
+            )
+        return int(version)
+
+    async def delete_chat(self, chat_id: str) -> bool:
+        with self._write() as db:
+            deleted = db.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount
+        return bool(deleted)
+
+    async def chats(
+        self,
+        session: str | None,
+        limit: int,
+        before: tuple[float, str] | None = None,
+        *,
+        sessions: Collection[str] | None = None,
+    ) -> list[ChatSummary]:
+        where: list[str] = []
+        params: list[object] = []
+        if session is not None:
+            where.append("session = ?")
+            params.append(session)
+        if sessions is not None:
+            where.append(f"session IN ({', '.join('?' * len(sessions))})")
+            params.extend(sessions)
+        if before is not None:
+            where.append("(updated_at < ? OR (updated_at = ? AND id < ?))")
+            params.extend((before[0], before[0], before[1]))
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._db.execute(
+            "SELECT id, session, message_count, version, updated_at FROM chats "
+            f"{clause} ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+        return [ChatSummary(*row) for row in rows]
+
+    async def prune_chats(self, retention: float, now: float) -> int:
+        if retention < 0:
+            raise ValueError(f"retention must not be negative, not {retention}")
+        with self._write() as db:
+            deleted = db.execute(
+                # A response that can no longer finish (its run ended without a
+                # last save, or expired) does not keep its chat alive.
+                "DELETE FROM chats WHERE updated_at < ? AND (streaming IS NULL OR NOT EXISTS ("
+                " SELECT 1 FROM executions WHERE id = streaming "
+                " AND status IN ('running', 'paused')))",
+                (now - retention,),
+            ).rowcount
+        return int(deleted)

@@ -95,6 +95,8 @@ from .ledger import (
     DEFAULT_LEASE,
     FINISHED_STATUSES,
     ChatBusy,
+    ChatOfOtherSession,
+    ChatSummary,
     Execution,
     ExecutionStatus,
     Leases,
@@ -105,6 +107,7 @@ from .ledger import (
     Resolution,
     Step,
     StepKind,
+    StoredChat,
     UnknownExecution,
     UnknownStep,
     _canonicalize,
@@ -119,7 +122,7 @@ from .ledger import (
     check_replay,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Seconds a call waits for a connection before it fails with LedgerUnavailable
 # (the module docstring says why 5); once a call has failed, the next ones wait
@@ -243,6 +246,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX session_owners_by_principal ON session_owners (principal, session)",
         "INSERT INTO session_owners (session, principal, created_at) "
         "SELECT session, 'shared', MIN(created_at) FROM executions GROUP BY session",
+    ),
+    # 7: the conversations stored on the server (H1): one row per chat, one per message.
+    (
+        """
+        CREATE TABLE chats (
+            id            TEXT COLLATE "C" PRIMARY KEY,
+            session       TEXT COLLATE "C" NOT NULL,
+            version       BIGINT NOT NULL,
+            message_count INTEGER NOT NULL,
+            streaming     TEXT COLLATE "C",
+            updated_at    DOUBLE PRECISION NOT NULL
+        )
+        """,
+        "CREATE INDEX chats_by_age ON chats (updated_at, id)",
+        "CREATE INDEX chats_by_session ON chats (session, updated_at, id)",
+        """
+        CREATE TABLE chat_messages (
+            chat_id      TEXT COLLATE "C" NOT NULL REFERENCES chats (id) ON DELETE CASCADE,
+            position     INTEGER NOT NULL CHECK (position >= 0),
+            message_json TEXT NOT NULL,
+            PRIMARY KEY (chat_id, position)
+        )
+        """,
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -1228,6 +1254,116 @@ class PostgresLedger:
             await self._check_lease(execution_id, held)
             raise UnknownStep(f"no step {seq} in execution {execution_id}")
         return int(rows[0][0])
+
+    # the conversations (H1-H5)
+
+    async def get_chat(self, chat_id: str) -> StoredChat | None:
+        key = _escape(chat_id)
+        rows = await self._read(
+            "SELECT session, version, updated_at, streaming, "
+            "(SELECT array_agg(message_json ORDER BY position) FROM chat_messages "
+            " WHERE chat_id = chats.id) FROM chats WHERE id = %s",
+            (key,),
+        )
+        if not rows:
+            return None
+        session, version, updated_at, streaming, messages = rows[0]
+        return StoredChat(
+            chat_id, _unescape(session), int(version), updated_at, tuple(messages or ()),
+            streaming,
+        )  # fmt: skip
+
+    async def save_chat(
+        self,
+        chat_id: str,
+        session: str,
+        keep: int,
+        messages: Sequence[str],
+        now: float,
+        *,
+        streaming: str | None,
+    ) -> int:
+        if keep < 0:
+            raise ValueError(f"keep must not be negative, not {keep}")
+        key, owner = _escape(chat_id), _escape(session)
+        async with self._write() as tx:
+            # The row lock: two saves of one chat (two processes) queue up on it.
+            await tx.execute(
+                "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+                "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
+                (key, owner, now),
+            )
+            row = await tx.fetchone(
+                "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE",
+                (key,),
+            )
+            assert row is not None
+            if row[0] != owner:
+                raise ChatOfOtherSession(f"chat {chat_id!r} belongs to another session")
+            version, keep = int(row[1]) + 1, min(keep, int(row[2]))
+            await tx.execute(
+                "DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s", (key, keep)
+            )
+            if messages:
+                await tx.execute(
+                    "INSERT INTO chat_messages (chat_id, position, message_json) "
+                    "SELECT %s, %s + ord - 1, m "
+                    "FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, ord)",
+                    (key, keep, list(messages)),  # JSON text: never a raw NUL
+                )
+            await tx.execute(
+                "UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
+                "updated_at = %s WHERE id = %s",
+                (version, keep + len(messages), streaming, now, key),
+            )
+        return version
+
+    async def delete_chat(self, chat_id: str) -> bool:
+        rows = await self._write_one(
+            "DELETE FROM chats WHERE id = %s RETURNING id", (_escape(chat_id),)
+        )
+        return bool(rows)
+
+    async def chats(
+        self,
+        session: str | None,
+        limit: int,
+        before: tuple[float, str] | None = None,
+        *,
+        sessions: Collection[str] | None = None,
+    ) -> list[ChatSummary]:
+        self._check_open()
+        where: list[str] = []
+        params: list[object] = []
+        if session is not None:
+            where.append("session = %s")
+            params.append(_escape(session))
+        if sessions is not None:
+            where.append("session = ANY(%s)")
+            params.append([_escape(s) for s in sessions])
+        if before is not None:
+            where.append("(updated_at, id) < (%s, %s)")
+            params.extend((before[0], _escape(before[1])))
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._read(
+            "SELECT id, session, message_count, version, updated_at FROM chats "
+            f"{clause} ORDER BY updated_at DESC, id DESC LIMIT %s",
+            (*params, limit),
+        )
+        return [
+            ChatSummary(_unescape(r[0]), _unescape(r[1]), int(r[2]), int(r[3]), r[4]) for r in rows
+        ]
+
+    async def prune_chats(self, retention: float, now: float) -> int:
+        if retention < 0:
+            raise ValueError(f"retention must not be negative, not {retention}")
+        rows = await self._write_one(
+            "DELETE FROM chats WHERE updated_at < %s AND (streaming IS NULL OR NOT EXISTS ("
+            " SELECT 1 FROM executions WHERE id = streaming "
+            " AND status IN ('running', 'paused'))) RETURNING id",
+            (now - retention,),
+        )
+        return len(rows)
 
 
 def _namespace(database: str, schema: str) -> str:

@@ -32,7 +32,10 @@ PYTHON = (
     if (ROOT / ".venv" / "bin" / "python").exists()
     else sys.executable
 )
-REQUIRED_SHOTS = ("ready.png", "progress.png", "approval.png", "finished.png", "dark.png")
+REQUIRED_SHOTS = (
+    "ready.png", "progress.png", "approval.png", "finished.png", "dark.png", "reloaded.png",
+    "second-window.png",
+)  # fmt: skip
 RANK: dict[str, int] = dict(TOOL_STATE_ORDER)
 FINAL_RANK = max(RANK.values())
 SERVER_START_TIMEOUT = 30.0

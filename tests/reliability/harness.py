@@ -99,17 +99,20 @@ class Page:
 class ChatPeer:
     """The chat side: sends `send` frames and reads whole responses (a FakeBrowser underneath)."""
 
-    def __init__(self, browser: FakeBrowser) -> None:
+    def __init__(self, browser: FakeBrowser, session: str = "") -> None:
         self.browser = browser
+        self.session = session
         self._chats = 0
 
     @classmethod
     async def open(cls, url: str) -> ChatPeer:
-        return cls(await FakeBrowser.connect(url, ChunkCollector()))
+        session = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        return cls(await FakeBrowser.connect(url, ChunkCollector()), session)
 
     def next_chat_id(self) -> str:
+        # A chat id belongs to the session that used it first (H5): each session's own.
         self._chats += 1
-        return f"chat-{self._chats}"
+        return f"chat-{self._chats}-{self.session}" if self.session else f"chat-{self._chats}"
 
     async def start(self, prompt: str) -> str:
         return await self.browser.start_chat(prompt, self.next_chat_id())

@@ -211,14 +211,71 @@ async def _approve_on_socket(t: Tenancy, token: str) -> str:
     return await socket_refused(t.ws_url(token), [frame])
 
 
-async def _resume_from_own_session(t: Tenancy, token: str) -> str:
-    """On a session of his own, Bob resumes Alice's chat by its id: nothing is streaming."""
+async def _from_own_session(t: Tenancy, token: str, frame: dict[str, Any]) -> str:
+    """On a session of his own, Bob names Alice's chat by its id: refused as H5 says."""
     async with connect(t.ws_url(token, session="bob-own")) as ws:
-        await ws.send(json.dumps(_resume(CHAT)))
+        await ws.send(json.dumps(frame))
         async with asyncio.timeout(10):
-            answer = await ws.recv()
-        assert json.loads(answer) == {"type": "no-active", "requestId": "bob-2"}
-        return str(answer)
+            answer = json.loads(await ws.recv())
+        assert answer["type"] == "cf_agent_protocol_error", answer
+        assert set(answer) <= {"type", "message", "requestId"}, answer
+        return json.dumps(answer)
+
+
+async def _resume_from_own_session(t: Tenancy, token: str) -> str:
+    return await _from_own_session(t, token, _resume(CHAT))
+
+
+async def _subscribe_from_own_session(t: Tenancy, token: str) -> str:
+    return await _from_own_session(t, token, {"type": "cf_agent_chat_subscribe", "id": CHAT})
+
+
+async def _clear_from_own_session(t: Tenancy, token: str) -> str:
+    return await _from_own_session(t, token, {"type": "cf_agent_chat_clear", "id": CHAT})
+
+
+async def _subscribe(t: Tenancy, token: str) -> str:
+    return await socket_refused(t.ws_url(token), [{"type": "cf_agent_chat_subscribe", "id": CHAT}])
+
+
+async def _clear(t: Tenancy, token: str) -> str:
+    return await socket_refused(t.ws_url(token), [{"type": "cf_agent_chat_clear", "id": CHAT}])
+
+
+async def chat_as_if_missing(t: Tenancy, method: str, path: str, token: str) -> str:
+    """The answer to ``path``, checked to be word for word the answer for a made-up chat."""
+    reply = await t.http(method, path, token)
+    stranger = uuid.uuid4().hex
+    missing = await t.http(method, path.replace(CHAT, stranger), token)
+    assert reply.status == missing.status, (reply.status, reply.body)
+    assert reply.status in (404, 422), reply.body
+    assert reply.body.replace(CHAT.encode(), stranger.encode()) == missing.body
+    assert {k for k in reply.headers if k != "date"} == {k for k in missing.headers if k != "date"}
+    return reply.body.decode().replace(CHAT, "")  # the id was Bob's own input
+
+
+async def _list_chats(t: Tenancy, token: str) -> str:
+    reply = await t.http("GET", "/chats", token)
+    assert (reply.status, reply.json) == (200, {"chats": []})
+    return reply.body.decode()
+
+
+async def _list_chats_of_session(t: Tenancy, token: str) -> str:
+    reply = await t.http("GET", f"/chats?session={SESSION}", token)
+    assert (reply.status, reply.json) == (200, {"chats": []})
+    return reply.body.decode()
+
+
+async def _list_chats_before(t: Tenancy, token: str) -> str:
+    return await chat_as_if_missing(t, "GET", f"/chats?before={CHAT}", token)
+
+
+async def _read_chat(t: Tenancy, token: str) -> str:
+    return await chat_as_if_missing(t, "GET", f"/chats/{CHAT}", token)
+
+
+async def _delete_chat(t: Tenancy, token: str) -> str:
+    return await chat_as_if_missing(t, "DELETE", f"/chats/{CHAT}", token)
 
 
 async def _list(t: Tenancy, token: str) -> str:
@@ -262,8 +319,7 @@ async def _reject_missing_seq(t: Tenancy, token: str) -> str:
 
 Attempt = Callable[[Tenancy, str], Awaitable[str]]
 
-#: Everything another principal might try against a session not its own. Chat routes and
-#: frames (subscribe, clear, GET and DELETE /chats) belong here too, as rows like these.
+#: Everything another principal might try against a session not its own.
 ATTEMPTS: list[tuple[str, Attempt]] = [
     ("connect", _connect),
     ("register tools", _register),
@@ -272,6 +328,15 @@ ATTEMPTS: list[tuple[str, Attempt]] = [
     ("answer an invoke", _answer_invoke),
     ("approve on a socket", _approve_on_socket),
     ("resume from its own session", _resume_from_own_session),
+    ("subscribe to the chat", _subscribe),
+    ("clear the chat", _clear),
+    ("subscribe from its own session", _subscribe_from_own_session),
+    ("clear from its own session", _clear_from_own_session),
+    ("list chats", _list_chats),
+    ("list the session's chats", _list_chats_of_session),
+    ("list chats before the chat", _list_chats_before),
+    ("read the chat", _read_chat),
+    ("delete the chat", _delete_chat),
     ("list", _list),
     ("list the session", _list_session),
     ("list before an execution", _list_before),
@@ -318,6 +383,10 @@ async def test_an_operator_may_do_each_of_it(tenancy: Tenancy, chunk_collector: 
     listed = await t.http("GET", "/executions?status=paused", OPERATOR)
     assert t.run in [e["executionId"] for e in listed.json["executions"]]
     assert (await t.http("GET", f"/executions/{t.run}", OPERATOR)).status == 200
+    chats = await t.http("GET", f"/chats?session={SESSION}", OPERATOR)
+    assert [c["id"] for c in chats.json["chats"]] == [CHAT]
+    assert (await t.http("GET", f"/chats/{CHAT}", OPERATOR)).json["session"] == SESSION
+    assert (await t.http("DELETE", f"/chats/{CHAT}", OPERATOR)).status == 409  # it streams
     steps = f"/executions/{t.run}/steps"
     for path, body in (
         (f"{steps}/{t.lookup}/resolve", {"output": "sunny"}),
@@ -332,6 +401,9 @@ async def test_an_operator_may_do_each_of_it(tenancy: Tenancy, chunk_collector: 
     assert response.text == (
         'lookup -> "sunny"\ntransfer -> "moved 5"\ntransfer failed: denied: too much'
     )
+    stored = await t.http("GET", f"/chats/{CHAT}", OPERATOR)
+    assert [m["role"] for m in stored.json["messages"]] == ["user", "assistant"]
+    assert (await t.http("DELETE", f"/chats/{CHAT}", OPERATOR)).status == 204
     # And tools and a chat of its own in Alice's session, once her run is done (tools
     # registered in the middle of it would change what the scripted model answers).
     ops = await FakeBrowser.connect(t.ws_url(OPERATOR), chunk_collector)

@@ -700,7 +700,7 @@ async def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path)
     await SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
     raw.close()
 
 
@@ -713,6 +713,8 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
         raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
     raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
     raw.execute("DROP TABLE session_owners")
+    raw.execute("DROP TABLE chat_messages")
+    raw.execute("DROP TABLE chats")
     raw.execute("PRAGMA user_version = 1")
     raw.close()
     async with SqliteLedger(path) as ledger:
@@ -721,7 +723,7 @@ async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_
         recorded = await ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
     raw.close()
 
 
@@ -730,7 +732,7 @@ async def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: Postg
     async with await PostgresLedger.connect(url) as ledger:
         execution_id, seq = await _tool_step(ledger)
     with psycopg.connect(url) as raw:
-        raw.execute("DROP TABLE chunks")
+        raw.execute("DROP TABLE chunks, chat_messages, chats")
         for column in ("owner", "generation", "lease_until", "chat_id"):
             raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
         raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
@@ -1540,6 +1542,8 @@ async def test_sessions_of_an_older_ledger_go_to_the_shared_principal(tmp_path: 
         await ledger.start_execution("old", "{}", now=T0 + 5)
     raw = sqlite3.connect(path)
     raw.execute("DROP TABLE session_owners")  # as version 3 left it
+    raw.execute("DROP TABLE chat_messages")
+    raw.execute("DROP TABLE chats")
     raw.execute("PRAGMA user_version = 3")
     raw.close()
     async with SqliteLedger(path) as ledger:
@@ -1554,7 +1558,7 @@ async def test_sessions_of_an_older_postgres_ledger_go_to_the_shared_principal(
     async with await PostgresLedger.connect(url) as ledger:
         await ledger.start_execution("old", "{}", now=T0)
     with psycopg.connect(url) as raw:
-        raw.execute("DROP TABLE session_owners")
-        raw.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION - 1,))
+        raw.execute("DROP TABLE session_owners, chat_messages, chats")  # as version 5 left it
+        raw.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION - 2,))
     async with await PostgresLedger.connect(url) as ledger:
         assert await ledger.session_owner("old") == "shared"

@@ -134,10 +134,12 @@ async def test_resume_with_last_sequence_gets_the_tail_of_a_response_that_ended(
     # Without lastSequence a resume asks what streams now: nothing does.
     await back.send(_resume("now", "chat-t"))
     await back.expect("no-active", requestId="now")
-    # Only the session that ran it can reach it.
+    # Only the session that ran it can reach it: another is refused (H5), told nothing.
     stranger = await open_browser(server, "s-other")
     await stranger.send(_resume("x", "chat-t", last_sequence=0))
-    await stranger.expect("no-active", requestId="x")
+    refused = await stranger.expect("cf_agent_protocol_error", requestId="x")
+    assert "hold" not in str(refused)
+    await stranger.nothing("start")
     await settled(server.hub)
 
 

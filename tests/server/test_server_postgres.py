@@ -95,7 +95,8 @@ async def test_three_processes_share_one_ledger(postgres: PostgresServer, tmp_pa
                 await page.close()
         # One ledger holds the runs of all three.
         assert await ledger_runs(url) == [
-            (f"s{n - 1}", "chat-1", "completed", [{"n": n, "sq": n * n}]) for n in (1, 2, 3)
+            (f"s{n - 1}", f"chat-1-s{n - 1}", "completed", [{"n": n, "sq": n * n}])
+            for n in (1, 2, 3)
         ]
 
 

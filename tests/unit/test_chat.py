@@ -946,7 +946,8 @@ async def test_reconnect_resumes_without_flicker(chat: Chat, socket: FakeSocket)
     chat.connection_lost()
     assert chat.status == "streaming"
     await chat.connection_restored()
-    resume = socket.sent[-1]
+    subscribe, resume = socket.sent[-2:]
+    assert subscribe == {"type": "cf_agent_chat_subscribe", "id": "chat-1"}
     assert resume["type"] == "resume" and resume["lastSequence"] == 3
     assert resume["requestId"] != frame["requestId"]
     play(chat, resume["requestId"], chunks[1:], start=1)  # overlapping replay
@@ -956,8 +957,9 @@ async def test_reconnect_resumes_without_flicker(chat: Chat, socket: FakeSocket)
     assert "ready" not in statuses[:-1] and statuses[-1] == "ready"
     unsubscribe()
     unsubscribe()  # twice is harmless
-    await chat.connection_restored()  # nothing in flight: nothing sent
-    assert socket.sent[-1] is resume
+    sent = len(socket.sent)
+    await chat.connection_restored()  # nothing in flight: only the subscribe
+    assert socket.sent[sent:] == [{"type": "cf_agent_chat_subscribe", "id": "chat-1"}]
 
 
 async def test_send_failure_ends_in_error(chat: Chat, socket: FakeSocket) -> None:
@@ -990,6 +992,8 @@ async def test_clear_forgets_the_messages_and_tells_the_callbacks(
     chat.on_change(lambda c: seen.append(len(c.messages)))
     chat.clear()
     assert chat.messages == [] and seen == [0]
+    await asyncio.sleep(0)  # the clear goes out without being awaited
+    assert socket.sent[-1] == {"type": "cf_agent_chat_clear", "id": "chat-1"}
 
 
 async def test_a_failing_callback_does_not_break_the_chat(
