@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, Request
 
-from tests.browser.test_examples import EXAMPLES
+from tests.browser.test_examples import EXAMPLES, fenced_html_blocks
 from tests.conftest import PLAYWRIGHT_CONFIG, ROOT
 from tests.support.server_process import ServerProcess
 
@@ -163,3 +163,8 @@ def test_a_use_chat_page_over_http_with_python_tools(
     assert newest["status"] == "error" and newest["pending"] == [], newest
     assert page.text_content("#status") == "connected"  # the tools' page is unharmed
     validate_with_node(responses, tmp_path)
+
+
+def test_docs_show_the_page_verbatim() -> None:
+    blocks = fenced_html_blocks((ROOT / "docs" / "agents.md").read_text())
+    assert (EXAMPLES / "http_chat.html").read_text() in blocks
