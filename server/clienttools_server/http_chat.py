@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -104,6 +105,9 @@ def error_response(status: int, message: str) -> JSONResponse:
 # -- the request body (sans-I/O) ---------------------------------------------------------
 
 
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
@@ -111,9 +115,11 @@ def _refuse_constant(name: str) -> object:
 def parse_json_body(body: bytes) -> dict[str, Any]:
     """The body as a JSON object; ChatRequestError 400 saying what is wrong with it."""
     try:
-        raw = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        # A lone surrogate ("\\ud800") decodes, but could be neither stored nor sent on.
-        dump_json(raw).encode("utf-8")
+        text = body.decode("utf-8")
+        raw = json.loads(text, parse_constant=_refuse_constant)
+        if _ESCAPED_SURROGATE.search(text):
+            # A lone surrogate ("\\ud800") decodes, but could be neither stored nor sent on.
+            dump_json(raw).encode("utf-8")
     except UnicodeError:
         raise ChatRequestError(400, "the body is not valid UTF-8 JSON") from None
     except RecursionError:
