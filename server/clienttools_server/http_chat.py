@@ -33,7 +33,6 @@ route stops the run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -325,10 +324,9 @@ class EventStream:
         finally:
             peer.open = False
             watcher.cancel()
-            # Cancelled (a shutdown past its grace): a closed peer gets nothing more
-            # and its log forgets it when the response ends.
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.hub.detach(peer)
+            # A closed peer gets nothing more, whatever happens here: its log forgets
+            # it when the response ends at the latest.
+            await self.hub.detach(peer)
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -39,7 +39,9 @@ def check_reread(reread: dict[str, Any]) -> None:
 
 
 async def test_abstract_chat_over_the_default_transport(tmp_path: Path) -> None:
-    server = ServerProcess([], log=tmp_path / "server.log")
+    # Keep-alive comments every 0.2 s: the `slow` tool's second brings several into the
+    # streams the ai package parses.
+    server = ServerProcess(["--sse-keepalive", "0.2"], log=tmp_path / "server.log")
     async with running([server]):
         client = ToolClient(server.ws_url("node-http"), connector=NativeConnector())
         calls: list[str] = []
@@ -97,6 +99,7 @@ async def test_abstract_chat_over_the_default_transport(tmp_path: Path) -> None:
     assert get["method"] == "GET" and get["url"].endswith("/node-http-chat/stream")
     assert get["status"] == 200
     check_reread(resumed["reread"][0])
+    assert ": keep-alive\n\n" in get["text"]  # and the transport read past them
     assert resumed["statuses"][-1] == "ready" and "error" not in resumed["statuses"]
     [slow_part] = tool_parts(answer2)
     assert slow_part["state"] == "output-available"
