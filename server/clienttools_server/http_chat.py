@@ -204,6 +204,48 @@ def admit(request: Request, config: ServerConfig) -> Response | None:
     return None
 
 
+def cross_origin(request: Request, config: ServerConfig) -> dict[str, str]:
+    """The CORS headers for a page on another origin of the allow-list; {} for any other.
+
+    A chat UI served apart from the server (``--allow-origin http://localhost:3000``)
+    reaches the WebSocket without them, but its fetches need them. No credentials:
+    the token goes in ``Authorization``, which the preflight allows.
+    """
+    origin = request.headers.get("origin")
+    host = request.headers.get("host")
+    if origin is None or origin in (f"http://{host}", f"https://{host}"):
+        return {}
+    if not origin_allowed(origin, host, config):
+        return {}
+    return {
+        "access-control-allow-origin": origin,
+        "access-control-expose-headers": "x-vercel-ai-ui-message-stream",
+        "vary": "Origin",
+    }
+
+
+async def preflight(request: Request) -> Response:
+    """The answer to a browser's CORS preflight of these routes."""
+    headers = cross_origin(request, _config(request))
+    if not headers:
+        return error_response(403, "this origin is not allowed")
+    headers["access-control-allow-methods"] = "GET, POST"
+    headers["access-control-allow-headers"] = "authorization, content-type"
+    headers["access-control-max-age"] = "600"
+    return Response(status_code=204, headers=headers)
+
+
+def _with_cors(endpoint: Any) -> Any:
+    async def answer(request: Request) -> Any:
+        response = await endpoint(request)
+        # A Response's headers or an EventStream's: both take the CORS headers as they are.
+        response.headers.update(cross_origin(request, _config(request)))
+        return response
+
+    answer.__doc__ = endpoint.__doc__
+    return answer
+
+
 # -- one HTTP request as a subscriber of the hub ----------------------------------------
 
 
@@ -297,12 +339,15 @@ class EventStream:
         self.peer = peer
         self.hub = hub
         self.keepalive = keepalive
+        # Besides SSE_HEADERS (the CORS headers of a page on another allowed origin).
+        self.headers: dict[str, str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         peer = self.peer
         watcher = asyncio.create_task(self._watch(receive))
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            headers = [*SSE_HEADERS, *((k.encode(), v.encode()) for k, v in self.headers.items())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             while peer.open:
                 peer.wake.clear()
                 if peer.pending:
@@ -444,12 +489,14 @@ async def approve_chat(request: Request) -> Response:
 
 def chat_http_routes() -> list[Route]:
     """The routes, beside the chat WebSocket route and before any catch-all mount."""
-    return [
-        Route("/agents/chat/{session}", post_chat, methods=["POST"]),
-        Route("/agents/chat/{session}/{chat_id}/stream", resume_chat, methods=["GET"]),
-        Route("/agents/chat/{session}/{chat_id}/abort", abort_chat, methods=["POST"]),
-        Route("/agents/chat/{session}/{chat_id}/approval", approve_chat, methods=["POST"]),
-    ]
+    routes = {
+        "/agents/chat/{session}": (post_chat, "POST"),
+        "/agents/chat/{session}/{chat_id}/stream": (resume_chat, "GET"),
+        "/agents/chat/{session}/{chat_id}/abort": (abort_chat, "POST"),
+        "/agents/chat/{session}/{chat_id}/approval": (approve_chat, "POST"),
+    }
+    found = [Route(path, _with_cors(e), methods=[m]) for path, (e, m) in routes.items()]
+    return found + [Route(path, preflight, methods=["OPTIONS"]) for path in routes]
 
 
 __all__ = [
@@ -458,6 +505,7 @@ __all__ = [
     "ResponsePeer",
     "admit",
     "chat_http_routes",
+    "cross_origin",
     "parse_json_body",
     "parse_send",
     "sse_event",

@@ -343,3 +343,38 @@ async def test_mounted_under_a_prefix(chunk_collector: ChunkCollector) -> None:
         assert nothing.status == 204
         await page.close()
         await settled(server.hub)
+
+
+async def test_a_page_on_another_allowed_origin_gets_cors_headers(start_server: Any) -> None:
+    app = "http://app.example:3000"
+    server = await start_server(allow_origins=(app,))
+    preflight = await HttpResponse.open(
+        server.host, server.port, "OPTIONS", "/agents/chat/s1", None,
+        {"origin": app, "access-control-request-method": "POST",
+         "access-control-request-headers": "content-type"},
+    )  # fmt: skip
+    assert preflight.status == 204
+    assert preflight.headers["access-control-allow-origin"] == app
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "content-type" in preflight.headers["access-control-allow-headers"]
+    ok = await post(server, chat_body("hello"), headers={"origin": app})
+    assert ok.status == 200
+    assert ok.headers["access-control-allow-origin"] == app
+    assert ok.headers["access-control-expose-headers"] == "x-vercel-ai-ui-message-stream"
+    await ok.body()
+    nothing = await get(server, "/agents/chat/s1/none/stream", origin=app)
+    assert nothing.status == 204
+    assert nothing.headers["access-control-allow-origin"] == app
+    evil = "http://evil.example"
+    refused = await HttpResponse.open(
+        server.host, server.port, "OPTIONS", "/agents/chat/s1/c/abort", None, {"origin": evil}
+    )
+    assert refused.status == 403
+    assert "access-control-allow-origin" not in refused.headers
+    blocked = await post(server, chat_body("hello"), headers={"origin": evil})
+    assert blocked.status == 403
+    assert "access-control-allow-origin" not in blocked.headers
+    plain = await post(server, chat_body("hello", chat_id="c2"))
+    assert "access-control-allow-origin" not in plain.headers
+    await plain.body()
+    await settled(server.hub)
