@@ -2,6 +2,7 @@
 
     uvicorn examples.fastapi_app:app --port 8000
     # the page connects to ws://127.0.0.1:8000/clienttools/agents/chat/{session}
+    # a useChat() page posts to http://127.0.0.1:8000/clienttools/agents/chat/{session}
 
 ``create_app`` returns an ASGI app serving the agent with each session's page
 tools. A mounted app's lifespan does not run by itself, so the FastAPI app
