@@ -7,7 +7,7 @@ default transport and ``api: "/agents/chat/{session}"`` talks to these routes:
     GET  /agents/chat/{session}/{chatId}/stream       the chat's active response from its first
                                                       chunk, then live; 204 when none is active
     POST /agents/chat/{session}/{chatId}/abort        {"aborted": bool}: stops the chat's run
-    POST /agents/chat/{session}/{chatId}/approval     {"toolCallId", "approved", "reason"?}:
+    POST /agents/chat/{session}/{chatId}/approval     {"toolCallId" | "id", "approved", "reason"?}:
                                                       answers a tool-approval-request
 
 Each request is a subscriber of the hub like a chat socket: a POST is the
@@ -83,6 +83,7 @@ KEEP_ALIVE = b": keep-alive\n\n"
 # The fields of the body DefaultChatTransport sets itself; any other is the app's `body`.
 _OWN_FIELDS = {"id": "id", "messages": "messages", "trigger": "trigger", "messageId": "messageId"}
 MAX_CHAT_ID = 256
+APPROVAL_ID_PREFIX = "approval-"
 
 
 class ChatRequestError(Exception):
@@ -473,6 +474,11 @@ async def approve_chat(request: Request) -> Response:
     peer = ResponsePeer(request.path_params["session"])
     try:
         raw = parse_json_body(await read_body(request, config.max_frame_bytes))
+        approval_id = raw.pop("id", None)
+        if "toolCallId" not in raw and isinstance(approval_id, str):
+            # What AbstractChat.addToolApprovalResponse takes: {id: approvalId, approved,
+            # reason}; the server's approvalId is "approval-" + the toolCallId (journal.py).
+            raw["toolCallId"] = approval_id.removeprefix(APPROVAL_ID_PREFIX)
         frame = ToolApprovalFrame.model_validate({**raw, "type": "cf_agent_tool_approval"})
     except ChatRequestError as exc:
         return exc.response()

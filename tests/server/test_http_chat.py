@@ -225,7 +225,8 @@ async def test_an_approval_inside_the_stream(server: RunningServer, open_browser
     bad = await post(server, json.dumps({"toolCallId": asked["toolCallId"]}).encode(), path=path)
     assert bad.status == 400
     assert "approved" in (await bad.json())["error"]
-    body = json.dumps({"toolCallId": asked["toolCallId"], "approved": True}).encode()
+    # As AbstractChat.addToolApprovalResponse takes it: the approvalId as `id`.
+    body = json.dumps({"id": asked["approvalId"], "approved": True}).encode()
     answer = await post(server, body, path=path)
     assert answer.status == 200
     assert await answer.json() == {"outcome": "applied"}
