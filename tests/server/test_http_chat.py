@@ -145,7 +145,7 @@ async def test_keep_alive_comments_while_a_page_tool_runs(
     response = await post(server, chat_body("call slow {}"))
     await response.chunks_until("tool-input-available")
     await gate.entered.wait()
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.5)  # ten intervals: at least three even on a loaded machine
     gate.release.set()
     await response.chunks_until()
     after_input = response.blocks[response.blocks.index(next(
