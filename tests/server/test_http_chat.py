@@ -379,3 +379,13 @@ async def test_a_page_on_another_allowed_origin_gets_cors_headers(start_server: 
     assert "access-control-allow-origin" not in plain.headers
     await plain.body()
     await settled(server.hub)
+
+
+async def test_a_session_name_over_the_limit_is_404(server: RunningServer) -> None:
+    response = await post(server, chat_body("hello"), session="s" * 257)
+    assert response.status == 404
+    assert await response.json() == {"error": "no such session"}
+    longest = await post(server, chat_body("hello"), session="s" * 256)
+    assert longest.status == 200
+    await longest.body()
+    await settled(server.hub)
