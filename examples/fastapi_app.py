@@ -6,7 +6,8 @@
         http://127.0.0.1:8000/login                        # sets the signed session cookie
     curl -b jar http://127.0.0.1:8000/clienttools/executions   # alice's executions only
     # a page of this origin connects to ws://127.0.0.1:8000/clienttools/agents/chat/{session}:
-    # the browser sends the cookie with the handshake, and the session becomes alice's
+    # the browser sends the cookie with the handshake, and the session becomes alice's;
+    # a useChat() page of this origin posts to http://127.0.0.1:8000/clienttools/agents/chat/{session}
 
 ``create_app`` returns an ASGI app serving the agent with each session's page
 tools. A mounted app's lifespan does not run by itself, so the FastAPI app

@@ -14,7 +14,7 @@ Layout of the result:
                           and clienttools.json, the PyScript config that loads
                           them: `<script type="mpy" config="/micropython/clienttools.json">`
     build/web/ai/ai.mjs   the `ai` package's chat client (AbstractChat, its
-                          WebSocketChatTransport), bundled by esbuild from
+                          WebSocketChatTransport and DefaultChatTransport), bundled by esbuild from
                           node_modules as one ES module for the browser
 
 Every browser-side version is pinned in package.json: the npm packages under
@@ -319,9 +319,11 @@ def lock_for(wheels: list[Wheel], info: dict[str, object]) -> dict[str, object]:
 
 
 # What the browser bundle of the `ai` package exports: its own chat client, which
-# the benchmark's peer page drives (bench/pages/peer_aichat.html).
+# the benchmark's peer page drives (bench/pages/peer_aichat.html), and its default
+# HTTP transport, which examples/http_chat.html uses.
 AI_BUNDLE_EXPORTS = (
     "AbstractChat",
+    "DefaultChatTransport",
     "WebSocketChatTransport",
     "lastAssistantMessageIsCompleteWithToolCalls",
 )

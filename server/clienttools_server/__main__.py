@@ -240,6 +240,14 @@ def parser() -> argparse.ArgumentParser:
         "after this long (default: %(default)s)",
     )
     p.add_argument(
+        "--sse-keepalive",
+        type=_positive,
+        default=defaults.sse_keepalive,
+        metavar="SECONDS",
+        help="write a comment into an HTTP chat response after this long without a chunk, "
+        "so that proxies keep it open (default: %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         default=defaults.log_level,
         choices=("critical", "error", "warning", "info", "debug", "trace"),
@@ -273,6 +281,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         ttl=args.ttl,
         retention=args.retention,
         idle_timeout=args.idle_timeout,
+        sse_keepalive=args.sse_keepalive,
         lease=args.lease,
     )
 

@@ -1,5 +1,6 @@
-"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, the pending-call
-routes (``/executions``, see :mod:`clienttools_server.routes`), static files.
+"""The Starlette application: lifespan (ledger, hub), the chat WebSocket, the AI SDK's HTTP
+chat transport (:mod:`clienttools_server.http_chat`), the pending-call routes
+(``/executions``, see :mod:`clienttools_server.routes`), static files.
 
 config = ServerConfig(port=0)
 app = create_app(config)                       # serve it with uvicorn, or:
@@ -45,6 +46,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .cluster import Bus
 from .config import ServerConfig
 from .connection import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER, Connection, admitted
+from .http_chat import chat_http_routes
 from .hub import Hub
 from .ledger import DEFAULT_LEASE, Ledger, LedgerUnavailable, SqliteLedger
 from .model_choice import choose_model
@@ -236,6 +238,7 @@ def create_app(
         WebSocketRoute("/agents/chat/{session}", chat_endpoint),
         Route("/agents/info", info, methods=["GET"]),
     ]
+    routes += chat_http_routes()
     routes += pending_routes()
     routes += chat_routes()
     if config.static_dirs:

@@ -82,6 +82,9 @@ class ServerConfig:
     resume_grace: float = 300.0
     # Application pings (C12 clients treat 2.5 silent intervals as a dead socket).
     ping_interval: float = 15.0
+    # The HTTP chat transport writes an SSE comment after this long without a chunk (a
+    # page tool or an approval that takes long), so that proxies do not cut the response.
+    sse_keepalive: float = 15.0
     # A connection that has neither registered tools nor sent a chat frame by then is
     # closed (1008): an idle socket must not hold server resources forever.
     idle_timeout: float = 30.0
@@ -106,6 +109,8 @@ class ServerConfig:
             raise ValueError(
                 "ttl, expiry_interval, ping_interval and idle_timeout must be positive"
             )
+        if not self.sse_keepalive > 0:
+            raise ValueError("sse_keepalive must be positive")
         if self.client_tools not in CLIENT_TOOLS_MODES:
             raise ValueError(f"unknown client tools mode {self.client_tools!r}")
         if self.first_chunk_delay < 0 or self.chunk_delay < 0:

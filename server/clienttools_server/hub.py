@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The error text of a send for a chat whose response still streams (HTTP: 409).
+BUSY = "a response is already streaming for this chat"
+
 
 class Client(Peer, Protocol):
     """A connection as the hub sees it: a peer that can hold a tool registration."""
@@ -778,6 +781,23 @@ class Hub:
         if self.shared is not None:
             await self.shared.abort(client, frame)  # a response followed here, run elsewhere
 
+    async def abort_chat(self, session_name: str, chat_id: str) -> bool:
+        """Abort the run streaming for a chat, here or on another process; False if none.
+
+        What a page without a chat socket asks (the HTTP transport): by chat,
+        not by the request that started it, which may be gone.
+        """
+        for active in self.runs.values():
+            if active.session == session_name and active.log.chat_id == chat_id:
+                if active.run.lost:
+                    break  # another process runs it now
+                active.run.aborted = True
+                active.task.cancel()
+                return True
+        if self.shared is not None:
+            return await self.shared.abort_chat(session_name, chat_id)
+        return False
+
     def abort_run(self, execution_id: str) -> bool:
         """Abort a run of this process (a page aborted it on another one); False if none."""
         active = self.runs.get(execution_id)
@@ -850,9 +870,7 @@ def _refused(frame: SendFrame, refusal: Refusal) -> WireModel:
 
 
 def _busy(frame: SendFrame) -> ErrorFrame:
-    return ErrorFrame(
-        request_id=frame.request_id, error_text="a response is already streaming for this chat"
-    )
+    return ErrorFrame(request_id=frame.request_id, error_text=BUSY)
 
 
 def agent_tool_names(agent: Agent[None, Any]) -> frozenset[str]:

@@ -509,6 +509,16 @@ class SharedStreams:
                 return True
         return False
 
+    async def abort_chat(self, session: str, chat_id: str) -> bool:
+        """Abort the chat's unfinished run on the process that owns it; False if none."""
+        head = await self.store.latest(session, chat_id)
+        if head is None or head.finished or head.owner is None:
+            return False
+        if head.owner == self.ledger.owner:
+            return self._abort_run(head.execution_id)
+        await self.tell(head.owner, ABORT, head.execution_id)
+        return True
+
     def drop_owner(self, owner: str) -> None:
         """A connection closed: its subscriptions go, and the followers nobody listens to."""
         for follower in list(self.followers.values()):

@@ -317,6 +317,31 @@ async def _reject_missing_seq(t: Tenancy, token: str) -> str:
     return await as_if_missing(t, "POST", f"/executions/{t.run}/steps/99/reject", token, {})
 
 
+async def _over_http_chat(t: Tenancy, token: str, method: str, path: str, body: Any) -> str:
+    """The AI SDK's HTTP chat transport on Alice's session: 404, as for a session of nothing."""
+    reply = await t.http(method, f"/agents/chat/{SESSION}{path}", token, body)
+    assert (reply.status, reply.json) == (404, {"error": "no such session"}), reply.body
+    return reply.body.decode()
+
+
+async def _post_chat(t: Tenancy, token: str) -> str:
+    body = {"id": CHAT, "trigger": "submit-message", "messages": _send(CHAT)["messages"]}
+    return await _over_http_chat(t, token, "POST", "", body)
+
+
+async def _stream_chat(t: Tenancy, token: str) -> str:
+    return await _over_http_chat(t, token, "GET", f"/{CHAT}/stream", None)
+
+
+async def _abort_chat(t: Tenancy, token: str) -> str:
+    return await _over_http_chat(t, token, "POST", f"/{CHAT}/abort", {})
+
+
+async def _approve_over_http_chat(t: Tenancy, token: str) -> str:
+    body = {"toolCallId": t.approval_call, "approved": True}
+    return await _over_http_chat(t, token, "POST", f"/{CHAT}/approval", body)
+
+
 Attempt = Callable[[Tenancy, str], Awaitable[str]]
 
 #: Everything another principal might try against a session not its own.
@@ -337,6 +362,10 @@ ATTEMPTS: list[tuple[str, Attempt]] = [
     ("list chats before the chat", _list_chats_before),
     ("read the chat", _read_chat),
     ("delete the chat", _delete_chat),
+    ("post a turn over HTTP", _post_chat),
+    ("resume over HTTP", _stream_chat),
+    ("abort over HTTP", _abort_chat),
+    ("approve over HTTP", _approve_over_http_chat),
     ("list", _list),
     ("list the session", _list_session),
     ("list before an execution", _list_before),
