@@ -821,6 +821,13 @@ class ToolsRejected(ConnectError):
 # --- the browser adapter -------------------------------------------------------------------
 
 
+def _worker_storage(js: "Any") -> "Any":
+    # Imported only in a worker: a page's main thread never loads the module.
+    from clienttools.worker import outbox_storage
+
+    return outbox_storage(js)
+
+
 class _Connection:
     """One js.WebSocket, its handlers, and what happened to it."""
 
@@ -874,7 +881,10 @@ class ToolClient:
             ping_interval=ping_interval,
             max_result_bytes=max_result_bytes,
         )
-        self._storage = storage if storage is not None else js.sessionStorage
+        worker = hasattr(js, "WorkerGlobalScope")  # in a PyScript worker: clienttools.worker
+        if storage is None:
+            storage = _worker_storage(js) if worker else js.sessionStorage
+        self._storage = storage
         self._storage_key = f"clienttools:outbox:{url}"
         self._status = "idle"
         self._status_callbacks: list[Callable[[str], None]] = []
@@ -898,8 +908,9 @@ class ToolClient:
         self._timer_proxy = self._proxy_of(self._on_timer)
         self._save_proxy = self._proxy_of(self._on_save_timer)
         self._hide_proxy = self._proxy_of(self._on_page_hide)
-        js.window.addEventListener("pagehide", self._hide_proxy)
-        js.document.addEventListener("visibilitychange", self._hide_proxy)
+        if not worker:  # a worker ends with its page: nothing to flush then
+            js.window.addEventListener("pagehide", self._hide_proxy)
+            js.document.addEventListener("visibilitychange", self._hide_proxy)
 
     @staticmethod
     def _proxy_of(fn: "Callable[..., Any]") -> "Any":
