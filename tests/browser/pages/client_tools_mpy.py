@@ -148,8 +148,6 @@ async def count_up(steps, ctx):
     return steps
 
 
-
-
 def outbox_size():
     return len(client.session.outbox())
 
