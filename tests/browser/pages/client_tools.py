@@ -9,6 +9,7 @@ from urllib.parse import parse_qs
 import js
 
 from clienttools import ToolClient, ToolContext, ToolError
+from clienttools.worker import StatusExport
 
 try:
     from pyscript import window
@@ -142,8 +143,11 @@ def outbox_size() -> int:
     return len(client.session.outbox())
 
 
+status_export = StatusExport(client)
+client_status, next_status = status_export.status, status_export.next_status
+
 # What a worker page's main thread calls (client_worker.html): PyScript's worker export.
-__export__ = ["outbox_size", "publish"]
+__export__ = ["outbox_size", "publish", "client_status", "next_status"]
 
 publish()
 await client.connect()  # noqa: F704 (top-level await: Pyodide runs this with runPythonAsync)

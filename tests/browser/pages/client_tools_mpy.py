@@ -155,7 +155,11 @@ def outbox_size():
 # What the test reads without knowing the flavour (client.html defines the same two); a
 # worker page's main thread calls them through PyScript's worker export.
 if RUNNING_IN_WORKER:
-    __export__ = ["outbox_size", "publish"]
+    from clienttools.worker import StatusExport
+
+    status_export = StatusExport(client)
+    client_status, next_status = status_export.status, status_export.next_status
+    __export__ = ["outbox_size", "publish", "client_status", "next_status"]
 else:
     js.window.outboxSize = outbox_size
     js.window.publishState = publish
