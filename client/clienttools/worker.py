@@ -12,8 +12,8 @@ reference server sends both).
 its outbox (C11) is then the page's `sessionStorage`, reached through the proxy.
 That is the same per-tab, reload-proof store the main thread uses, and it is
 synchronous, so a result is stored before it is sent with no change to the
-client's send path (an IndexedDB write is asynchronous, and the put that must
-finish before each result slowed the round trip more: docs/client.md). Without
+client's send path (an awaited IndexedDB put, or a synchronous write to the
+origin private file system, measured 4-5x slower per write: docs/client.md). Without
 cross-origin isolation there is no page to reach: one console error says what is
 missing, and the outbox stays in memory.
 
