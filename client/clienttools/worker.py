@@ -13,7 +13,7 @@ its outbox (C11) is then the page's `sessionStorage`, reached through the proxy.
 That is the same per-tab, reload-proof store the main thread uses, and it is
 synchronous, so a result is stored before it is sent with no change to the
 client's send path (an awaited IndexedDB put, or a synchronous write to the
-origin private file system, measured 4-5x slower per write: docs/client.md). Without
+origin private file system, measured 3-5x slower per write: docs/client.md). Without
 cross-origin isolation there is no page to reach: one console error says what is
 missing, and the outbox stays in memory.
 
