@@ -849,7 +849,8 @@ class ToolClient:
 
     Arguments as the Pyodide flavour's ToolClient: url, token, connect_timeout,
     ping_interval, reconnect, client_id, max_result_bytes; `storage` is where the
-    outbox waits across reloads (default `sessionStorage`; anything with
+    outbox waits across reloads (default `sessionStorage`, in a PyScript worker the
+    page's through PyScript's proxy: clienttools.worker; anything with
     getItem/setItem).
     """
 
