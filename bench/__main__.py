@@ -5,6 +5,7 @@
     python -m bench --runs 7 --out /tmp/bench --only browser
     python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
     python -m bench --only cluster  # server processes on one PostgreSQL (bench/cluster.py)
+    python -m bench --only worker   # tools on the page against in a worker (bench/worker.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -28,6 +29,7 @@ from tests.support.postgres import PostgresUnavailable
 from tests.support.static import StaticServer
 
 from bench import cluster, peer, report, resolves
+from bench import worker as worker_pages
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 from bench.servermemory import measure as measure_server_memory
@@ -175,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("browser", "server", "resolves", "peer", "cluster"),
-        help="run only the browser figures, the server figures, the HTTP resolves, the peer "
-        "or the cluster",
+        choices=("browser", "server", "resolves", "peer", "cluster", "worker"),
+        help="run only the browser figures, the server figures, the HTTP resolves, the peer, "
+        "the cluster or the worker pages",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
@@ -233,11 +235,22 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"bench: no PostgreSQL for the cluster figures: {exc}") from exc
             _progress(f"skipping the cluster figures, no PostgreSQL: {exc}")
 
+    worker_result: dict[str, Any] | None = None
+    if args.only in (None, "worker"):
+        # Its own runs (3; quick 1) unless --runs says otherwise: a run loads four pages.
+        worker_settings = worker_pages.QUICK if args.quick else worker_pages.Settings()
+        if args.runs is not None:
+            worker_settings = replace(worker_settings, runs=args.runs)
+        _progress("tools on the page against tools in a PyScript worker (bench/worker.py)")
+        worker_result = worker_pages.measure(worker_settings)
+
     results = report.summarize(runs)
     if peer_result is not None:
         results["peer"] = peer_result
     if cluster_result is not None:
         results["cluster"] = cluster_result
+    if worker_result is not None:
+        results["worker"] = worker_result
     results["meta"] = {
         "settings": asdict(settings),
         "quick": args.quick,
@@ -259,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         markdown += "\n" + peer.markdown(peer_result)
     if cluster_result is not None:
         markdown += "\n" + cluster.markdown(cluster_result)
+    if worker_result is not None:
+        markdown += "\n" + worker_pages.markdown(worker_result)
     (args.out / "latest.md").write_text(markdown)
     sys.stdout.write(markdown)
     return 0

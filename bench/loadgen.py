@@ -139,6 +139,24 @@ class LoadGenerator:
         errors = sum(r.get("output") != i + 1 for i, r in enumerate(results))
         return {"n": n, "errors": errors, "elapsed_s": elapsed, "per_s": n / elapsed}
 
+    async def call(self, peer: Peer, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """One invoke of `tool`: its result and how long it took to come back."""
+        request_id = secrets.token_hex(16)
+        frame = {
+            "type": "cf_agent_client_tool_invoke",
+            "requestId": request_id,
+            "toolCallId": f"call_{request_id[:12]}",
+            "toolName": tool,
+            "input": arguments,
+            "attempt": 1,
+        }
+        waiter = asyncio.get_running_loop().create_future()
+        peer.waiting[request_id] = waiter
+        started = time.perf_counter()
+        await peer.connection.send(json.dumps(frame, separators=(",", ":")))
+        result = await waiter
+        return {"result": result, "elapsed_s": time.perf_counter() - started}
+
 
 def _invoke(i: int) -> tuple[str, str]:
     request_id = secrets.token_hex(16)
@@ -165,6 +183,7 @@ async def _commands(generator: LoadGenerator) -> None:
         "wait": lambda peer, cmd: _done({}),
         "roundtrip": lambda peer, cmd: generator.roundtrip(peer, int(cmd["n"])),
         "pipelined": lambda peer, cmd: generator.pipelined(peer, int(cmd["n"]), cmd.get("window")),
+        "call": lambda peer, cmd: generator.call(peer, str(cmd["tool"]), dict(cmd["input"])),
     }
     while True:
         line = await asyncio.to_thread(sys.stdin.readline)

@@ -49,7 +49,7 @@ PYODIDE_SKIP = frozenset(
     {"pyodide-lock.json", "package.json", "README.md", "console.html", "console-v2.html"}
 )
 # The modules of the MicroPython flavour, in import order: they import no pydantic.
-MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "mpy.py")
+MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "mpy.py", "worker.py")
 MPY_URL = "/micropython/"
 # Where PyScript puts them in MicroPython's file system: /lib is on its sys.path, and a
 # directory without __init__.py is a namespace package there (the Pyodide flavour's

@@ -154,14 +154,35 @@ BROWSER: Final = Platform(
 NATIVE: Final = Platform(connector=_native_connector, outbox_store=lambda url: MemoryOutboxStore())
 
 
+def _worker_outbox(url: str) -> OutboxStore:
+    import js
+
+    from clienttools.worker import StorageOutbox, outbox_storage
+
+    return StorageOutbox(url, outbox_storage(js))
+
+
+#: Pyodide in a PyScript worker: the same sockets; the outbox in the page's sessionStorage.
+WORKER: Final = Platform(
+    connector=lambda: _browser().BrowserConnector(), outbox_store=_worker_outbox
+)
+
+
 def current_platform() -> Platform:
     """The adapters of the platform this runs on; the one place that checks it.
 
-    In Pyodide: the browser's WebSocket and a sessionStorage outbox, and the SDK's
-    log records go to the browser console (`browser.log_to_console`). Elsewhere:
-    the `websockets` library and an outbox in memory.
+    In Pyodide: the browser's WebSocket and a sessionStorage outbox (in a PyScript
+    worker the page's, through PyScript's proxy: clienttools.worker), and the
+    SDK's log records go to the browser console (`browser.log_to_console`).
+    Elsewhere: the `websockets` library and an outbox in memory.
     """
-    return BROWSER if sys.platform == "emscripten" else NATIVE
+    if sys.platform != "emscripten":
+        return NATIVE
+    import js
+
+    from clienttools.worker import in_worker
+
+    return WORKER if in_worker(js) else BROWSER
 
 
 class DeadlineTimer:

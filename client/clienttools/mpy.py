@@ -376,6 +376,7 @@ class Session:
         self.completed_cache_size = completed_cache_size
         self.connected = False
         self.outbox_revision = 0
+        self.outbox_added = 0  # results put in the outbox, ever: a write is due when it moves
         self._last_received = 0.0
         self._replace_requested = False
         self._calls: dict[str, _Call] = {}
@@ -739,6 +740,7 @@ class Session:
                     f"the oldest, starting with {dropped!r}, until acks make room",
                 )
         self.outbox_revision += 1
+        self.outbox_added += 1
         if self.connected:
             self._to_send.append(result)
 
@@ -821,6 +823,13 @@ class ToolsRejected(ConnectError):
 # --- the browser adapter -------------------------------------------------------------------
 
 
+def _worker_storage(js: "Any") -> "Any":
+    # Imported only in a worker: a page's main thread never loads the module.
+    from clienttools.worker import outbox_storage
+
+    return outbox_storage(js)
+
+
 class _Connection:
     """One js.WebSocket, its handlers, and what happened to it."""
 
@@ -840,7 +849,8 @@ class ToolClient:
 
     Arguments as the Pyodide flavour's ToolClient: url, token, connect_timeout,
     ping_interval, reconnect, client_id, max_result_bytes; `storage` is where the
-    outbox waits across reloads (default `sessionStorage`; anything with
+    outbox waits across reloads (default `sessionStorage`, in a PyScript worker the
+    page's through PyScript's proxy: clienttools.worker; anything with
     getItem/setItem).
     """
 
@@ -874,7 +884,12 @@ class ToolClient:
             ping_interval=ping_interval,
             max_result_bytes=max_result_bytes,
         )
-        self._storage = storage if storage is not None else js.sessionStorage
+        worker = hasattr(js, "WorkerGlobalScope")  # in a PyScript worker: clienttools.worker
+        if storage is None:
+            storage = _worker_storage(js) if worker else js.sessionStorage
+        self._storage = storage
+        # Looked up once: in a worker the storage is the page's, and a lookup is a call there.
+        self._set_item = storage.setItem
         self._storage_key = f"clienttools:outbox:{url}"
         self._status = "idle"
         self._status_callbacks: list[Callable[[str], None]] = []
@@ -886,7 +901,7 @@ class ToolClient:
         self._closed = asyncio.Event()
         self._outbox_restored = False
         self._saved_revision = 0
-        self._saved_empty = True
+        self._saved_added = 0
         self._save_scheduled = False
         self._timer_id: Any = None
         self._timer_at: float | None = None
@@ -898,8 +913,9 @@ class ToolClient:
         self._timer_proxy = self._proxy_of(self._on_timer)
         self._save_proxy = self._proxy_of(self._on_save_timer)
         self._hide_proxy = self._proxy_of(self._on_page_hide)
-        js.window.addEventListener("pagehide", self._hide_proxy)
-        js.document.addEventListener("visibilitychange", self._hide_proxy)
+        if not worker:  # a worker ends with its page: nothing to flush then
+            js.window.addEventListener("pagehide", self._hide_proxy)
+            js.document.addEventListener("visibilitychange", self._hide_proxy)
 
     @staticmethod
     def _proxy_of(fn: "Callable[..., Any]") -> "Any":
@@ -1195,7 +1211,7 @@ class ToolClient:
     # --- carrying out what the session asks ----------------------------------------------
 
     def _pump(self) -> None:
-        """Carry out the session's events, send its frames, re-arm the timer, save the outbox."""
+        """Carry out the session's events, save the outbox, send its frames, re-arm the timer."""
         if self._pumping:
             return
         self._pumping = True
@@ -1207,6 +1223,7 @@ class ToolClient:
                 events = self.session.events()
         finally:
             self._pumping = False
+        self._save_outbox_soon()  # a result is stored before it leaves (C11)
         frames = self.session.frames_to_send()
         connection = self._connection
         if frames and connection is not None:
@@ -1218,7 +1235,6 @@ class ToolClient:
                     self._end(connection, f"sending failed: {exc!r}")
                     break
         self._rearm_timer()
-        self._save_outbox_soon()
 
     def _carry_out(self, event: "tuple[Any, ...]") -> None:
         kind = event[0]
@@ -1341,13 +1357,21 @@ class ToolClient:
             if restored:
                 _log("info", f"restored {restored} unacknowledged results")
         self._saved_revision = self.session.outbox_revision
-        self._saved_empty = len(self.session._outbox) == 0
+        self._saved_added = self.session.outbox_added
 
     def _save_outbox_soon(self) -> None:
-        if self.session.outbox_revision == self._saved_revision:
+        """Write new results at once (before they are sent); leave removals for the timer.
+
+        As outbox.OutboxWriter does for the Pyodide flavour: one write per invoke in a
+        sequential exchange (the ack's removal goes with the next result), one write
+        for the first result of a burst.
+        """
+        session = self.session
+        if session.outbox_revision == self._saved_revision:
             return
-        if (len(self.session._outbox) == 0) != self._saved_empty:
-            self._save_outbox()  # the first result waiting, or the last one acked: at once
+        added = session.outbox_added - self._saved_added
+        if added and len(session._outbox) <= added:
+            self._save_outbox()  # every result waiting is new: at once
         elif not self._save_scheduled:
             self._save_scheduled = True
             self._js.setTimeout(self._save_proxy, 20)
@@ -1365,8 +1389,8 @@ class ToolClient:
         if revision == self._saved_revision:
             return
         self._saved_revision = revision
-        self._saved_empty = len(self.session._outbox) == 0
+        self._saved_added = self.session.outbox_added
         try:
-            self._storage.setItem(self._storage_key, self.session.export_outbox())
+            self._set_item(self._storage_key, self.session.export_outbox())
         except Exception as exc:  # e.g. the storage quota: results still go out while connected
             _log("error", f"saving the outbox failed: {exc!r}")

@@ -113,6 +113,16 @@ def parser() -> argparse.ArgumentParser:
         help="serve files of DIR at / (repeatable; the first directory that has a file wins)",
     )
     p.add_argument(
+        "--no-cross-origin-isolation",
+        dest="cross_origin_isolation",
+        action="store_false",
+        help="serve static files without the headers that make a page cross-origin isolated "
+        "(Cross-Origin-Opener-Policy: same-origin, Cross-Origin-Embedder-Policy: "
+        "require-corp, Cross-Origin-Resource-Policy: same-origin), for pages that embed "
+        "content of other origins; tools in a PyScript worker then cannot reach the page "
+        "(default: send them)",
+    )
+    p.add_argument(
         "--db",
         metavar="PATH|URL",
         help="the ledger that makes runs survive a restart: a SQLite file, or a "
@@ -264,6 +274,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         host=args.host,
         port=args.port,
         static_dirs=tuple(args.static),
+        cross_origin_isolation=args.cross_origin_isolation,
         db=args.db,
         token=args.token,
         admin_token=args.admin_token,

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import uvicorn
 from pydantic_ai import Agent
@@ -24,10 +24,10 @@ from pydantic_ai.models import Model, infer_model
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .agents import default_agent, load_agent
@@ -61,25 +61,42 @@ logger = logging.getLogger(__name__)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
+#: What makes a page cross-origin isolated (`crossOriginIsolated` true): only such a
+#: page has SharedArrayBuffer, which PyScript needs to give a worker the page's
+#: `window` and `document` (synchronous calls across threads). COEP `require-corp`
+#: refuses any subresource that does not allow this origin to embed it, so every
+#: file served here says it may be embedded by its own origin (CORP); the SDK,
+#: Pyodide, PyScript, MicroPython and the wheels are all served from here.
+ISOLATION_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-embedder-policy", b"require-corp"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+
+
 class StaticDirs:
     """Several directories served at one mount point; the first that has the file wins.
 
     One ``StaticFiles`` per directory, asked in order through its public
     ``get_path`` / ``get_response``: a 404 from one (an exception, or its own
     ``404.html``) passes the request to the next; the first 404 page found is
-    the answer when none has the file.
+    the answer when none has the file. With ``isolation`` every response carries
+    ``ISOLATION_HEADERS``.
     """
 
-    def __init__(self, directories: tuple[str, ...]) -> None:
+    def __init__(self, directories: tuple[str, ...], *, isolation: bool = False) -> None:
         if not directories:
             raise ValueError("StaticDirs needs at least one directory")
         # StaticFiles raises at once for a missing directory.
         self._files = [StaticFiles(directory=d, html=True) for d in directories]
+        self._isolation = isolation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._files[0](scope, receive, send)  # refuses a WebSocket as StaticFiles does
             return
+        if self._isolation:
+            send = _with_headers(send, ISOLATION_HEADERS)
         not_found: Response | None = None
         for files in self._files:
             try:
@@ -92,9 +109,19 @@ class StaticDirs:
                 await response(scope, receive, send)
                 return
             not_found = not_found or response
-        if not_found is None:
-            raise HTTPException(status_code=404)
-        await not_found(scope, receive, send)
+        # Answered here, not raised: the exception handler's response would miss the headers.
+        await (not_found or PlainTextResponse("Not Found", status_code=404))(scope, receive, send)
+
+
+def _with_headers(send: Send, headers: tuple[tuple[bytes, bytes], ...]) -> Send:
+    """`send` that adds `headers` to the response start (404s and 304s included)."""
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return send_with_headers
 
 
 async def chat_endpoint(websocket: WebSocket) -> None:
@@ -242,7 +269,13 @@ def create_app(
     routes += pending_routes()
     routes += chat_routes()
     if config.static_dirs:
-        routes.append(Mount("/", app=StaticDirs(config.static_dirs), name="static"))
+        routes.append(
+            Mount(
+                "/",
+                app=StaticDirs(config.static_dirs, isolation=config.cross_origin_isolation),
+                name="static",
+            )
+        )
     return Starlette(routes=routes, lifespan=lifespan)
 
 

@@ -40,6 +40,9 @@ class ServerConfig:
     port: int = 8000
     # Directories served at "/", first match wins (``make demo``: demo/ then build/web/).
     static_dirs: tuple[str, ...] = ()
+    # Static files carry COOP/COEP/CORP (app.ISOLATION_HEADERS), so a page that runs
+    # its tools in a PyScript worker can reach its window and document (docs/client.md).
+    cross_origin_isolation: bool = True
     # The ledger: a SQLite file, or a postgresql:// URL that many processes share;
     # None keeps it in memory (nothing survives a restart).
     db: str | None = None

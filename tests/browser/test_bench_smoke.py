@@ -53,6 +53,12 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
     assert peer["rpc"]["all"]["requests"] == {"1": QUICK.turns}
     assert peer["round-trip"]["all"]["requests_per_turn"] > 1
     assert "| turn time p50 (ms) | all |" in table
+    # Tools on the page against in a PyScript worker (bench/worker.py): every page measured.
+    worker_pages = results["worker"]["summary"]["pages"]
+    for name in ("pyodide-main", "pyodide-worker", "micropython-main", "micropython-worker"):
+        for figure in ("longest_task_ms", "max_frame_gap_ms", "roundtrip_p50_us"):
+            assert math.isfinite(worker_pages[name][figure][0]), (name, figure)
+    assert "| pyodide-worker |" in table
     # The cluster figures (bench/cluster.py): server processes on one PostgreSQL.
     if "cluster" not in results:
         assert "skipping the cluster figures, no PostgreSQL" in done.stderr, done.stderr[-3000:]

@@ -3,7 +3,8 @@
 Every test runs against both flavours: the Pyodide client (client.html) and the
 MicroPython one (client_mpy.html, the same tools with declared schemas), and the
 Pyodide client once more under a Content-Security-Policy without 'unsafe-eval'
-(client_strict_csp.html), where its socket handlers run in Python, not JavaScript. One page
+(client_strict_csp.html), where its socket handlers run in Python, not JavaScript, and
+both flavours once more with the client in a PyScript worker (client_worker*.html). One page
 load per flavour serves the whole module: each test uses its own tools or request
 ids, so they do not disturb each other, and the page's #state shows what the
 tools observed (runs, cancellations, JS proxies).
@@ -32,6 +33,10 @@ FLAVOUR_PAGES = {
     "pyodide": "client.html",
     "pyodide-strict-csp": "client_strict_csp.html",
     "micropython": "client_mpy.html",
+    # The same tools in a PyScript worker; the static server sends COOP/COEP, so the
+    # worker reaches the page's DOM and sessionStorage through PyScript's proxies.
+    "pyodide-worker": "client_worker.html",
+    "micropython-worker": "client_worker_mpy.html",
 }
 
 
@@ -270,7 +275,8 @@ def test_reconnect_resends_unacknowledged_results(page: Page, driver: ToolDriver
         SESSION,
         {"type": "cf_agent_client_tool_result_ack", "requestId": request_id, "outcome": "applied"},
     )
-    wait_for(page, "window.outboxSize() === 0")
+    # A promise on a worker page (the worker's export), a number on the others.
+    wait_for(page, "Promise.resolve(window.outboxSize()).then((size) => size === 0)")
     peers_before = len(driver.peers)
     driver.drop(SESSION)
     peer = driver.wait_registered(SESSION, after=peers_before, timeout=5)
@@ -293,16 +299,23 @@ def test_reconnects_leak_no_js_proxies(page: Page, driver: ToolDriver, flavour: 
     # Pyodide: the three Python functions its JavaScript handlers call (a frame, a
     # burst, the close); under the strict CSP, onmessage, onclose, onerror and the
     # MessageChannel port's onmessage; MicroPython: onopen, onmessage, onclose, onerror.
-    expected = {"pyodide": 3, "pyodide-strict-csp": 4, "micropython": 4}[flavour]
+    expected = {
+        "pyodide": 3,
+        "pyodide-strict-csp": 4,
+        "micropython": 4,
+        "pyodide-worker": 3,
+        "micropython-worker": 4,
+    }[flavour]
     assert live == expected, observed
-    if flavour != "micropython":
-        assert observed["jsHandlers"] is (flavour == "pyodide"), observed
+    if not flavour.startswith("micropython"):
+        assert observed["jsHandlers"] is (flavour != "pyodide-strict-csp"), observed
 
 
 def test_reload_resends_unacknowledged_results_without_running_again(
     page: Page, driver: ToolDriver
 ) -> None:
-    # Last in the module: it reloads the page. The outbox is in sessionStorage (C11).
+    # Last in the module: it reloads the page. The outbox is in sessionStorage (C11); a
+    # worker's too, the page's, through PyScript's proxy.
     driver.held_acks.add(SESSION)
     try:
         request_id = driver.start_invoke(SESSION, "add", {"a": 6, "b": 7})

@@ -76,7 +76,7 @@ def fenced_html_blocks(markdown: str) -> list[str]:
 
 def test_docs_show_the_example_files_verbatim() -> None:
     blocks = fenced_html_blocks((ROOT / "docs" / "client.md").read_text())
-    for name in ("pyscript.html", "pyodide.html", "micropython.html"):
+    for name in ("pyscript.html", "pyodide.html", "micropython.html", "worker.html"):
         assert (EXAMPLES / name).read_text() in blocks, (
             f"docs/client.md does not show examples/{name}"
         )
@@ -105,5 +105,41 @@ def test_example_page_answers_the_agent(
         assert page.text_content("#notes li") == "<b>milk</b>"  # shown as text, not HTML
         refused = text_of(chat(server, "example", 'call add_note {"text": "  "}'))
         assert "add_note failed: tool_error: a note needs some text" in refused
+    finally:
+        context.close()
+
+
+def test_worker_example_computes_off_the_main_thread_and_touches_the_dom(
+    browser: Browser, server: ServerProcess
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/worker.html")
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        # The main thread's longest task while the worker computes (Chromium's longtask
+        # entries are tasks over 50 ms).
+        page.evaluate(
+            """window.longest = 0;
+            new PerformanceObserver((list) => {
+              for (const entry of list.getEntries())
+                window.longest = Math.max(window.longest, entry.duration);
+            }).observe({ type: "longtask" });"""
+        )
+        chunks = chat(
+            server,
+            "example",
+            'call count_primes {"below": 5000000}\ncall add_note {"text": "<b>milk</b>"}',
+        )
+        reply = text_of(chunks)
+        assert "count_primes -> 348513" in reply
+        assert "add_note -> 1" in reply
+        assert page.text_content("#notes li") == "<b>milk</b>"  # shown as text, not HTML
+        assert page.evaluate("window.longest") < 50
+        refused = text_of(chat(server, "example", 'call count_primes {"below": 1}'))
+        assert "count_primes failed: tool_error: below must be between" in refused
     finally:
         context.close()

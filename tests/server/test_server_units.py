@@ -180,6 +180,38 @@ async def test_static_dirs_without_a_404_page(tmp_path: Path, start_server: Any)
         StaticDirs((str(tmp_path / "absent"),))
 
 
+async def test_static_files_carry_the_cross_origin_isolation_headers(
+    tmp_path: Path, start_server: Any
+) -> None:
+    (tmp_path / "page.html").write_text("page")
+    isolated = {
+        "cross-origin-opener-policy": "same-origin",
+        "cross-origin-embedder-policy": "require-corp",
+        "cross-origin-resource-policy": "same-origin",
+    }
+    server = await start_server(static_dirs=(str(tmp_path),))
+    for path, status in (("/page.html", 200), ("/missing.js", 404)):
+        got_status, headers = await _http_headers(server.port, path)
+        assert got_status == status
+        assert {k: v for k, v in headers.items() if k in isolated} == isolated, path
+    plain = await start_server(static_dirs=(str(tmp_path),), cross_origin_isolation=False)
+    _, headers = await _http_headers(plain.port, "/page.html")
+    assert not set(isolated) & set(headers)
+    assert config_from_args([]).cross_origin_isolation is True
+    assert config_from_args(["--no-cross-origin-isolation"]).cross_origin_isolation is False
+
+
+async def _http_headers(port: int, path: str) -> tuple[int, dict[str, str]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    data = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    lines = data.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ", 2)[1]), headers
+
+
 async def _http_get(port: int, path: str) -> str:
     status, body = await _http_response(port, path)
     assert status == 200, (status, body)

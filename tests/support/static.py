@@ -6,7 +6,9 @@
 
 By default every response says `no-cache` (with an ETag, so a revalidation is a
 304): tests always see the files as built. The benchmarks pass `cache_seconds`
-so that a warm start really uses the browser's HTTP cache.
+so that a warm start really uses the browser's HTTP cache. Like the reference
+server, it sends the cross-origin isolation headers (`isolation=False` does not),
+which worker pages need.
 """
 
 from __future__ import annotations
@@ -30,9 +32,20 @@ CONTENT_TYPES = {
 }
 
 
+ISOLATION_HEADERS = (
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+    ("Cross-Origin-Embedder-Policy", "require-corp"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+)
+
+
 class StaticServer:
     def __init__(
-        self, mounts: dict[str, Path], host: str = "127.0.0.1", cache_seconds: int | None = None
+        self,
+        mounts: dict[str, Path],
+        host: str = "127.0.0.1",
+        cache_seconds: int | None = None,
+        isolation: bool = True,
     ) -> None:
         # Longest prefix first, so "/pyodide/" wins over "/".
         self.mounts = sorted(
@@ -41,6 +54,7 @@ class StaticServer:
         self.host = host
         self.cache_control = "no-cache" if cache_seconds is None else f"max-age={cache_seconds}"
         self.requests: list[str] = []
+        self.headers = ISOLATION_HEADERS if isolation else ()
         self._httpd: http.server.ThreadingHTTPServer | None = None
 
     @property
@@ -64,6 +78,11 @@ class StaticServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real server would
+
+            def end_headers(self) -> None:
+                for name, value in server.headers:
+                    self.send_header(name, value)
+                super().end_headers()
 
             def do_GET(self) -> None:
                 server.requests.append(self.path)

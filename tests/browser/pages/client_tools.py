@@ -1,5 +1,7 @@
 # The tools of tests/browser/test_client.py: they touch the DOM and localStorage like real
 # page tools, and publish what they observed (runs, cancellations) into #state for the test.
+# The same file runs on the page (client.html: plain Pyodide) and in a PyScript worker
+# (client_worker.html), where the page's window is PyScript's proxy of it.
 import asyncio
 import json
 from urllib.parse import parse_qs
@@ -7,8 +9,15 @@ from urllib.parse import parse_qs
 import js
 
 from clienttools import ToolClient, ToolContext, ToolError
+from clienttools.worker import StatusExport
 
-params = parse_qs(str(js.location.search).lstrip("?"))
+try:
+    from pyscript import window
+except ImportError:  # plain Pyodide, on the page itself
+    window = js
+document = window.document
+
+params = parse_qs(str(window.location.search).lstrip("?"))
 client = ToolClient(params["ws"][0], ping_interval=float(params.get("ping", ["15"])[0]))
 runs: dict[str, int] = {}
 cancelled: list[str] = []
@@ -16,7 +25,7 @@ cancelled: list[str] = []
 
 def publish() -> None:
     connector = client.connector
-    js.document.getElementById("state").textContent = json.dumps(
+    document.getElementById("state").textContent = json.dumps(
         {
             "runs": runs,
             "cancelled": cancelled,
@@ -36,7 +45,7 @@ def ran(name: str) -> None:
 def read_text(selector: str) -> str:
     """Read the text of the first element matching a CSS selector."""
     ran("read_text")
-    element = js.document.querySelector(selector)
+    element = document.querySelector(selector)
     if not element:  # JS null arrives as pyodide.ffi.jsnull, which is falsy
         raise ToolError(f"no element matches {selector!r}", data={"selector": selector})
     value = getattr(element, "value", None)  # inputs have a value; other elements only text
@@ -47,7 +56,7 @@ def read_text(selector: str) -> str:
 def write_text(selector: str, text: str) -> bool:
     """Replace the text of the first element matching a CSS selector."""
     ran("write_text")
-    js.document.querySelector(selector).textContent = text
+    document.querySelector(selector).textContent = text
     return True
 
 
@@ -55,14 +64,14 @@ def write_text(selector: str, text: str) -> bool:
 def remember(key: str, value: str) -> None:
     """Keep a value in localStorage."""
     ran("remember")
-    js.localStorage.setItem(key, value)
+    window.localStorage.setItem(key, value)
 
 
 @client.tool
 def recall(key: str) -> str | None:
     """Read a value from localStorage."""
     ran("recall")
-    return js.localStorage.getItem(key)  # JS null (a missing key) is sent as JSON null
+    return window.localStorage.getItem(key)  # JS null (a missing key) is sent as JSON null
 
 
 @client.tool
@@ -90,7 +99,7 @@ def refuse(message: str) -> int:
 def body_element():  # no return annotation: whatever it returns must still be JSON
     """Return a DOM node, which cannot be serialized."""
     ran("body_element")
-    return js.document.body
+    return document.body
 
 
 @client.tool
@@ -130,6 +139,16 @@ async def count_up(steps: int, ctx: ToolContext) -> int:
     return steps
 
 
+def outbox_size() -> int:
+    return len(client.session.outbox())
+
+
+status_export = StatusExport(client)
+client_status, next_status = status_export.status, status_export.next_status
+
+# What a worker page's main thread calls (client_worker.html): PyScript's worker export.
+__export__ = ["outbox_size", "publish", "client_status", "next_status"]
+
 publish()
 await client.connect()  # noqa: F704 (top-level await: Pyodide runs this with runPythonAsync)
-js.document.getElementById("status").textContent = "connected"
+document.getElementById("status").textContent = "connected"

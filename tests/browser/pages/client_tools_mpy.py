@@ -1,15 +1,19 @@
 # client_tools.py for the MicroPython flavour: the same tools, each with the JSON Schema its
-# Pyodide twin gets from its signature, publishing what they observe into #state.
+# Pyodide twin gets from its signature, publishing what they observe into #state. On the
+# page (client_mpy.html) and in a PyScript worker (client_worker_mpy.html) alike.
 import asyncio
 import json
 
 import js
+from pyscript import RUNNING_IN_WORKER, window
 
 from clienttools.mpy import ToolClient, ToolError
 
+document = window.document
+
 
 def query(name, default):
-    params = js.URLSearchParams.new(js.location.search)
+    params = js.URLSearchParams.new(window.location.search)
     value = params.get(name)
     return default if value is None else str(value)
 
@@ -20,7 +24,7 @@ cancelled = []
 
 
 def publish():
-    js.document.getElementById("state").textContent = json.dumps(
+    document.getElementById("state").textContent = json.dumps(
         {
             "runs": runs,
             "cancelled": cancelled,
@@ -51,7 +55,7 @@ NUM = {"type": "number"}
 )
 def read_text(selector):
     ran("read_text")
-    element = js.document.querySelector(selector)
+    element = document.querySelector(selector)
     if element is None:
         raise ToolError(f"no element matches {selector!r}", data={"selector": selector})
     value = getattr(element, "value", None)  # inputs have a value; other elements only text
@@ -65,7 +69,7 @@ def read_text(selector):
 )
 def write_text(selector, text):
     ran("write_text")
-    js.document.querySelector(selector).textContent = text
+    document.querySelector(selector).textContent = text
     return True
 
 
@@ -74,13 +78,13 @@ def write_text(selector, text):
 )
 def remember(key, value):
     ran("remember")
-    js.localStorage.setItem(key, value)
+    window.localStorage.setItem(key, value)
 
 
 @client.tool(description="Read a value from localStorage.", schema=obj(["key"], key=STR))
 def recall(key):
     ran("recall")
-    return js.localStorage.getItem(key)  # JS null (a missing key) arrives as None
+    return window.localStorage.getItem(key)  # JS null (a missing key) arrives as None
 
 
 @client.tool(
@@ -106,7 +110,7 @@ def refuse(message):
 @client.tool(description="Return a DOM node, which cannot be serialized.")
 def body_element():
     ran("body_element")
-    return js.document.body
+    return document.body
 
 
 @client.tool(description="Return a string of `size` characters.", schema=obj(["size"], size=INT))
@@ -144,13 +148,25 @@ async def count_up(steps, ctx):
     return steps
 
 
-# What the test reads without knowing the flavour (client.html defines the same two).
-js.window.outboxSize = lambda: len(client.session.outbox())
-js.window.publishState = publish
+def outbox_size():
+    return len(client.session.outbox())
+
+
+# What the test reads without knowing the flavour (client.html defines the same two); a
+# worker page's main thread calls them through PyScript's worker export.
+if RUNNING_IN_WORKER:
+    from clienttools.worker import StatusExport
+
+    status_export = StatusExport(client)
+    client_status, next_status = status_export.status, status_export.next_status
+    __export__ = ["outbox_size", "publish", "client_status", "next_status"]
+else:
+    js.window.outboxSize = outbox_size
+    js.window.publishState = publish
 
 publish()
 try:
     await client.connect()  # noqa: F704 (PyScript runs a top-level await)
-    js.document.getElementById("status").textContent = "connected"
+    document.getElementById("status").textContent = "connected"
 except Exception as exc:
-    js.document.getElementById("status").textContent = f"failed: {exc}"
+    document.getElementById("status").textContent = f"failed: {exc}"
