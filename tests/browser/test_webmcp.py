@@ -211,6 +211,20 @@ def test_a_removed_tool_disappears(page: Page, driver: ToolDriver) -> None:
     assert "temporary" not in {t["name"] for t in tools_frames[-1]["tools"]}
 
 
+def test_in_a_worker_webmcp_fails_at_once_and_says_why(page: Page, flavour: str) -> None:
+    if flavour != "pyodide":
+        pytest.skip("the worker runs Pyodide; both flavours share main_thread_document")
+    message = page.evaluate(
+        """() => new Promise((resolve, reject) => {
+            const worker = new Worker("/webmcp_worker.mjs", {type: "module"});
+            worker.onmessage = (event) => { worker.terminate(); resolve(event.data); };
+            worker.onerror = (event) => reject(new Error(event.message));
+        })"""
+    )
+    assert message.startswith("WebMCPUnavailable: "), message
+    assert "not in a worker" in message
+
+
 def test_close_aborts_every_registration_and_destroys_every_proxy(page: Page) -> None:
     # Last in the module: it closes the clients.
     page.evaluate("window.closeClients()")
