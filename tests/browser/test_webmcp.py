@@ -107,8 +107,9 @@ def test_tools_are_listed_with_their_schemas(page: Page, flavour: str) -> None:
     assert schema["additionalProperties"] is False
     # WebMCP refuses an empty description: a tool without one is described by its name.
     assert tools["no_docstring"]["description"] == "no_docstring"
-    # needs_approval: not offered to the browser's agent (the page did not say so).
+    # needs_approval: not offered to the browser's agent, unless the client says so.
     assert "delete_everything" not in tools
+    assert "standalone_confirm" in tools
     # The client with no server offers its tool too.
     assert tools["standalone_echo"]["description"].startswith("Echo the text")
     annotations = {

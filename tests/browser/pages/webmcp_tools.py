@@ -10,7 +10,7 @@ from clienttools import ToolClient, ToolContext, ToolError
 
 params = parse_qs(str(js.location.search).lstrip("?"))
 client = ToolClient(params["ws"][0], webmcp=True)
-standalone = ToolClient(webmcp=True)  # no server at all
+standalone = ToolClient(webmcp=True, webmcp_approval=True)  # no server at all
 runs: dict[str, int] = {}
 
 
@@ -116,6 +116,12 @@ def standalone_echo(text: str) -> str:
     """Echo the text (served to the browser's agent only)."""
     ran("standalone_echo")
     return text
+
+
+@standalone.tool(needs_approval=True)
+def standalone_confirm() -> bool:
+    """Needs approval, and this client offers such tools too (webmcp_approval=True)."""
+    return True
 
 
 async def close_clients() -> None:

@@ -8,7 +8,7 @@ from clienttools.mpy import ToolClient, ToolError
 
 ws = js.URLSearchParams.new(js.location.search).get("ws")
 client = ToolClient(str(ws), webmcp=True)
-standalone = ToolClient(webmcp=True)  # no server at all
+standalone = ToolClient(webmcp=True, webmcp_approval=True)  # no server at all
 runs = {}
 
 
@@ -139,6 +139,15 @@ def no_docstring():
 def standalone_echo(text):
     ran("standalone_echo")
     return text
+
+
+@standalone.tool(
+    description="Needs approval, and this client offers such tools too (webmcp_approval=True).",
+    schema=obj(),
+    needs_approval=True,
+)
+def standalone_confirm():
+    return True
 
 
 async def close_clients():
