@@ -14,5 +14,4 @@ if (!document.modelContext) {
   const { initializeWebMCPPolyfill } = await import("./polyfill/index.js");
   initializeWebMCPPolyfill(options);
 }
-window.clienttoolsModelContextReady = true;
 document.dispatchEvent(new Event("clienttools:modelcontext"));

@@ -226,6 +226,26 @@ def test_in_a_worker_webmcp_fails_at_once_and_says_why(page: Page, flavour: str)
     assert "not in a worker" in message
 
 
+def test_the_loader_fetches_the_polyfill_only_without_a_native_context(
+    browser: Browser, static_server: StaticServer, page: Page
+) -> None:
+    # `page` (either flavour) had no native context: the loader fetched the polyfill.
+    assert "/webmcp/polyfill/index.js" in static_server.requests
+    context = browser.new_context()
+    native_page = context.new_page()
+    try:
+        before = len(static_server.requests)
+        native_page.goto(f"{static_server.url}/webmcp_native.html")
+        wait_for(native_page, "document.getElementById('status').textContent === 'ready'")
+        assert native_page.evaluate("document.modelContext.native") is True
+        assert native_page.evaluate("navigator.modelContextTesting === undefined") is True
+        fetched = static_server.requests[before:]
+        assert "/webmcp/polyfill.mjs?native-test" in fetched
+        assert [path for path in fetched if "/webmcp/polyfill/" in path] == []
+    finally:
+        context.close()
+
+
 def test_close_aborts_every_registration_and_destroys_every_proxy(page: Page) -> None:
     # Last in the module: it closes the clients.
     page.evaluate("window.closeClients()")
