@@ -473,20 +473,21 @@ class ModelContextMirror:
         controller = js.AbortController.new()
         options = js.Object.new()
         options.signal = controller.signal
-        self._registrations[name] = _Registration(descriptor, controller, proxy)
+        registration = _Registration(descriptor, controller, proxy)
+        self._registrations[name] = registration
         try:
             promise = context.registerTool(tool, options)
         except Exception as exc:  # a context that throws instead of rejecting
-            self._failed(name, exc)
+            self._failed(name, registration, exc)
             return
-        self._watch(name, promise)
+        self._watch(name, registration, promise)
 
-    def _watch(self, name: str, promise: "Any") -> None:
+    def _watch(self, name: str, registration: "_Registration", promise: "Any") -> None:
         """Handle the registration's promise: a rejection is logged, never unhandled."""
 
         def rejected(reason: "Any" = None) -> None:
             if str(getattr(reason, "name", "")) != "AbortError":  # our own abort: expected
-                self._failed(name, reason)
+                self._failed(name, registration, reason)
 
         if self._pyodide:
             # Pyodide's promises take Python callables and release them once settled.
@@ -510,9 +511,9 @@ class ModelContextMirror:
         handlers.append(self._proxy(on_rejected))
         promise.then(handlers[0], handlers[1])
 
-    def _failed(self, name: str, reason: "Any") -> None:
-        registration = self._registrations.get(name)
-        if registration is not None and registration.controller.signal.aborted is not True:
+    def _failed(self, name: str, registration: "_Registration", reason: "Any") -> None:
+        # Only this registration is forgotten: the tool may have been registered anew since.
+        if self._registrations.get(name) is registration:
             self._abort(name)
         detail = getattr(reason, "message", None) or reason
         self._js.console.warn(

@@ -24,6 +24,8 @@ from tests.support.static import StaticServer
 
 pytestmark = pytest.mark.browser
 SESSION = "webmcp-tests"
+#: The console warnings of the module's page.
+WARNINGS: list[str] = []
 FLAVOUR_PAGES = {"pyodide": "webmcp.html", "micropython": "webmcp_mpy.html"}
 
 
@@ -47,6 +49,7 @@ def page(
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: WARNINGS.append(m.text) if m.type == "warning" else None)
     page.goto(f"{static_server.url}/{FLAVOUR_PAGES[flavour]}?ws={driver.url(SESSION)}")
     wait_for(
         page,
@@ -244,6 +247,19 @@ def test_the_loader_fetches_the_polyfill_only_without_a_native_context(
         assert [path for path in fetched if "/webmcp/polyfill/" in path] == []
     finally:
         context.close()
+
+
+def test_a_refused_registration_is_a_warning_and_the_first_one_stays(page: Page) -> None:
+    WARNINGS.clear()
+    page.evaluate("window.addDuplicate()")
+    expected = "clienttools: tool 'add' was not registered on document.modelContext"
+    deadline = time.monotonic() + 10
+    while not any(expected in w for w in WARNINGS) and time.monotonic() < deadline:
+        page.wait_for_timeout(20)
+    assert any("Tool already registered: add" in w for w in WARNINGS), WARNINGS
+    assert "add" not in state(page)["registered"]["standalone"]
+    assert call(page, "add", {"a": 2, "b": 2})["content"][0]["text"] == "4"
+    assert listed(page)["add"]["description"] == "Add two integers."
 
 
 def test_close_aborts_every_registration_and_destroys_every_proxy(page: Page) -> None:

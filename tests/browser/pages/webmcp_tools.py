@@ -124,6 +124,16 @@ def standalone_confirm() -> bool:
     return True
 
 
+def add_duplicate() -> None:
+    """Register `add` on the client with no server too: the context refuses the name."""
+
+    def add(a: int, b: int) -> int:
+        """Add two integers, again."""
+        return a + b
+
+    standalone.registry.add(add)
+
+
 async def close_clients() -> None:
     await client.close()
     await standalone.close()

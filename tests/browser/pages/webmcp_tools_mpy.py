@@ -150,6 +150,13 @@ def standalone_confirm():
     return True
 
 
+def add_duplicate():
+    # Register `add` on the client with no server too: the context refuses the name.
+    standalone.tool(
+        name="add", description="Add two integers, again.", schema=obj(["a", "b"], a=INT, b=INT)
+    )(lambda a, b: a + b)
+
+
 async def close_clients():
     await client.close()
     await standalone.close()
@@ -157,6 +164,7 @@ async def close_clients():
 
 js.window.webmcpState = state
 js.window.removeTool = lambda name: client.remove_tool(str(name))
+js.window.addDuplicate = add_duplicate
 js.window.closeClients = lambda: asyncio.create_task(close_clients()) and None
 
 try:
