@@ -127,6 +127,16 @@ def test_tools_are_listed_with_their_schemas(page: Page, flavour: str) -> None:
     assert annotations["page_info"]["readOnlyHint"] is False
 
 
+def test_clients_made_before_the_polyfill_wait_for_it(page: Page, flavour: str) -> None:
+    if flavour != "pyodide":
+        pytest.skip("webmcp_mpy.html loads the polyfill first; webmcp.html after its clients")
+    before = page.evaluate("window.beforePolyfill")
+    assert before["available"] is False
+    assert before["registered"] == {"client": [], "standalone": []}
+    assert before["proxies"]["client"] == [1, 0]  # the listener for the polyfill
+    assert "add" in state(page)["registered"]["client"]
+
+
 def test_a_call_runs_the_python_function(page: Page) -> None:
     before = state(page)["runs"].get("add", 0)
     assert call(page, "add", {"a": 2, "b": 3}) == {

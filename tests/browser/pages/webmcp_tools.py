@@ -140,4 +140,3 @@ async def close_clients() -> None:
 
 
 await client.connect()  # noqa: F704 (Pyodide runs a top-level await)
-js.document.getElementById("status").textContent = "connected"
