@@ -16,6 +16,10 @@ Layout of the result:
     build/web/ai/ai.mjs   the `ai` package's chat client (AbstractChat, its
                           WebSocketChatTransport and DefaultChatTransport), bundled by esbuild from
                           node_modules as one ES module for the browser
+    build/web/webmcp/     the WebMCP polyfill (npm `@mcp-b/webmcp-polyfill`'s ES
+                          modules, under polyfill/) and polyfill.mjs, the loader a
+                          page includes (client/web/webmcp-polyfill.mjs): it imports
+                          the polyfill only where `document.modelContext` is absent
 
 Every browser-side version is pinned in package.json: the npm packages under
 `dependencies`, the wheels under `browserWheels`. The build is incremental:
@@ -49,8 +53,10 @@ PYODIDE_SKIP = frozenset(
     {"pyodide-lock.json", "package.json", "README.md", "console.html", "console-v2.html"}
 )
 # The modules of the MicroPython flavour, in import order: they import no pydantic.
-MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "mpy.py", "worker.py")
+MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "webmcp.py", "mpy.py", "worker.py")
 MPY_URL = "/micropython/"
+# The polyfill's files a page loads (build/web/webmcp/polyfill/).
+WEBMCP_POLYFILL_FILES = ("dist/index.js", "dist/schema.js", "LICENSE")
 # Where PyScript puts them in MicroPython's file system: /lib is on its sys.path, and a
 # directory without __init__.py is a namespace package there (the Pyodide flavour's
 # __init__ imports pydantic, so it is not shipped).
@@ -343,6 +349,20 @@ def bundle_ai_chat(out: Path, cache: Path) -> int:
     return int(copy_if_changed(built, out / "ai" / "ai.mjs"))
 
 
+def build_webmcp(node_modules: Path, out: Path) -> int:
+    """build/web/webmcp/: the polyfill's ES modules and the loader that imports them on demand."""
+    package = node_modules / "@mcp-b" / "webmcp-polyfill"
+    if not (package / "dist").is_dir():
+        raise SystemExit(f"build_web: {package} is missing; run `npm ci` first (make does this)")
+    target = out / "webmcp" / "polyfill"
+    # index.js imports ./schema.js and nothing else at run time (its other imports are types).
+    copied = sum(
+        copy_if_changed(package / name, target / Path(name).name) for name in WEBMCP_POLYFILL_FILES
+    )
+    loader = ROOT / "client" / "web" / "webmcp-polyfill.mjs"
+    return copied + copy_if_changed(loader, target.parent / "polyfill.mjs")
+
+
 def mpy_config() -> str:
     """The PyScript config of a MicroPython clienttools page: our interpreter, our modules."""
     config = {
@@ -379,6 +399,7 @@ def build(out: Path, cache: Path) -> None:
     copied += sync_tree(node_modules / "@pyscript" / "core" / "dist", out / "pyscript")
     copied += build_micropython(node_modules, out)
     copied += bundle_ai_chat(out, cache)
+    copied += build_webmcp(node_modules, out)
     wheel_paths = [*download_wheels(cache), build_client_wheel(cache)]
     for path in wheel_paths:
         copied += copy_if_changed(path, out / "pyodide" / path.name)

@@ -48,6 +48,7 @@ def static_server(web_build: Path) -> Iterator[StaticServer]:
             "/pyodide/": web_build / "pyodide",
             "/pyscript/": web_build / "pyscript",
             "/micropython/": web_build / "micropython",
+            "/webmcp/": web_build / "webmcp",
         }
     ).start()
     yield server

@@ -86,6 +86,7 @@ from clienttools.transport import (
 
 if TYPE_CHECKING:
     from clienttools.chatclient import Chat
+    from clienttools.webmcp import ModelContextMirror
 
 logger = logging.getLogger("clienttools")
 
@@ -301,11 +302,16 @@ class ToolClient:
         max_result_bytes: results larger than this are `output_too_large`.
         chat_id: the `id` of the chat frames; by default the session named by
             the URL's last path segment, so a reloaded page can `chat.resume()`.
+        webmcp: also offer every tool to the browser's own agent on
+            `document.modelContext` (WebMCP, webmcp.py); with no `url` the client
+            serves that agent only, and `connect()` is not for it.
+        webmcp_approval: offer tools with `needs_approval=True` there too (they are
+            left out by default: the browser's agent does its own approvals, or none).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         *,
         token: str | None = None,
         connector: Connector | None = None,
@@ -317,11 +323,15 @@ class ToolClient:
         client_id: str | None = None,
         max_result_bytes: int = protocol.MAX_RESULT_BYTES,
         chat_id: str | None = None,
+        webmcp: bool = False,
+        webmcp_approval: bool = False,
     ) -> None:
         if connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
-        self.url = url
-        self._open_url = _with_token(url, token)
+        if url is None and not webmcp:
+            raise ValueError("a ToolClient needs the server's url (or webmcp=True, and no server)")
+        self.url = url or ""
+        self._open_url = _with_token(self.url, token)
         self._connector = connector
         self._outbox_store = outbox_store
         self._platform = current_platform()
@@ -349,6 +359,9 @@ class ToolClient:
         self._timer = DeadlineTimer(self._on_timer)
         self._pumping = False
         self._unsubscribe_registry: Callable[[], None] | None = None
+        self._webmcp: ModelContextMirror | None = None
+        if webmcp:
+            self._webmcp = _mirror(self._registry, max_result_bytes, webmcp_approval)
 
     # --- tools -------------------------------------------------------------------------
 
@@ -374,6 +387,7 @@ class ToolClient:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -385,15 +399,27 @@ class ToolClient:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> F | Callable[[F], F]:
         """Register a tool: `@client.tool` or `@client.tool(name=..., timeout=...)`.
 
-        Tools added or removed while connected are announced to the server at once.
+        Tools added or removed while connected are announced to the server at once
+        (and with `webmcp=True` registered on, or aborted from, `document.modelContext`).
+        `read_only=True` is WebMCP's `readOnlyHint`: the tool changes nothing.
         """
         decorate = self._registry.tool(
-            name=name, description=description, timeout=timeout, needs_approval=needs_approval
+            name=name,
+            description=description,
+            timeout=timeout,
+            needs_approval=needs_approval,
+            read_only=read_only,
         )
         return decorate if fn is None else decorate(fn)
+
+    @property
+    def webmcp(self) -> ModelContextMirror | None:
+        """The tools' registrations on `document.modelContext`, with `webmcp=True`."""
+        return self._webmcp
 
     @property
     def chat(self) -> Chat:
@@ -457,6 +483,8 @@ class ToolClient:
         """
         if self._status in ("connecting", "open", "reconnecting"):
             raise RuntimeError(f"ToolClient.connect() called while {self._status}")
+        if not self.url:
+            raise RuntimeError("this ToolClient has no url: it serves document.modelContext only")
         self._closing = False
         self._closed_event = asyncio.Event()
         self._outbox_writer().restore()
@@ -475,8 +503,11 @@ class ToolClient:
         """Close the connection for good: no reconnect. Running async tools are cancelled.
 
         Unacknowledged results stay in the outbox store, and a later connect()
-        (or the next page load) sends them.
+        (or the next page load) sends them. With `webmcp=True`, every registration on
+        `document.modelContext` is aborted, for good.
         """
+        if self._webmcp is not None:
+            self._webmcp.close()
         if self._status in ("idle", "closed"):
             return
         await self._stop()
@@ -709,6 +740,20 @@ class ToolClient:
     async def _send_chat_frame(self, text: str) -> None:
         if not self.send_frame(text):
             raise ConnectionError("not connected; the frame was not sent")
+
+
+def _mirror(registry: ToolRegistry, max_result_bytes: int, approval: bool) -> ModelContextMirror:
+    """The registry's tools on document.modelContext, kept in step with the registry."""
+    from clienttools.webmcp import ModelContextMirror, registry_runner
+
+    def specs() -> list[tuple[dict[str, Any], bool]]:
+        return [(tool.wire_spec, tool.read_only) for tool in registry]
+
+    mirror = ModelContextMirror(
+        specs, registry_runner(registry, max_result_bytes), approval=approval
+    )
+    registry.on_change(mirror.sync)
+    return mirror
 
 
 # urllib.parse is imported by these two only when they run: in a page, importing it was a

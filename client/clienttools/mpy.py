@@ -152,6 +152,7 @@ class Tool:
         timeout: "float | None" = None,
         needs_approval: bool = False,
         context: bool = False,
+        read_only: bool = False,
     ) -> None:
         name = name or str(getattr(function, "__name__", ""))
         if not is_tool_name(name):
@@ -177,6 +178,7 @@ class Tool:
         self.timeout = timeout
         self.needs_approval = needs_approval
         self.context = context
+        self.read_only = read_only  # WebMCP's readOnlyHint (webmcp.py), not in the wire spec
 
     def spec(self) -> "dict[str, Any]":
         """The ToolSpec of the tools frame."""
@@ -253,6 +255,58 @@ def _error_result(request_id: str, code: str, message: str, data: object = None)
             {"type": "cf_agent_client_tool_result", "requestId": request_id, "error": error}
         )
     return text
+
+
+# --- how a call ends: shared by the session and by calls through document.modelContext -----
+
+
+def input_error(tool: "Tool", arguments: object) -> "tuple[str, str, Any] | None":
+    """C2: None when `arguments` pass the tool's schema, else (code, message, data)."""
+    errors = tool.check_input(arguments)
+    if not errors:
+        return None
+    drop_missing_inputs(errors)
+    return "invalid_input", invalid_input_message(tool.name, errors), errors
+
+
+def returned_outcome(
+    tool: "Tool | None", name: str, value: object, max_result_bytes: int
+) -> "tuple[str | None, tuple[str, str, Any] | None]":
+    """C5: (the value's JSON text, None), or (None, (code, message, data)) when unusable."""
+    problem = json_problem(value)
+    if problem is None and tool is not None and tool.check_output is not None:
+        errors = tool.check_output(value)
+        if errors:
+            where = "; ".join(_where(e) for e in errors[:3])
+            problem = f"a value that does not match its output schema: {where}"
+    if problem is not None:
+        js_value = _describe_js(value)
+        if js_value is not None:
+            detail = (
+                f"tool {name!r} returned {js_value}, which cannot be serialized to JSON; "
+                "copy out the fields you need"
+            )
+        else:
+            detail = f"tool {name!r} returned {problem}"
+        return None, (
+            "invalid_output",
+            f"the return value of {name!r} is not usable: {detail}",
+            None,
+        )
+    output = _dumps(value)
+    size = len(output)  # characters: a lower bound of the UTF-8 size
+    if size * 4 > max_result_bytes:  # else even 4 bytes a character fit
+        size = _utf8_size(output)
+    if size > max_result_bytes:
+        return None, ("output_too_large", too_large_message(size, max_result_bytes), {"size": size})
+    return output, None
+
+
+def raised_error(exc: BaseException) -> "tuple[str, Any]":
+    """C6: the `tool_error` message and data of an exception; a ToolError brings its own."""
+    if isinstance(exc, ToolError):
+        return exc.message, exc.data
+    return str(exc) or type(exc).__name__, {"exception": type(exc).__name__}
 
 
 # --- the sans-I/O core ---------------------------------------------------------------------
@@ -513,13 +567,9 @@ class Session:
             result = _error_result(request_id, "unknown_tool", unknown_tool_message(tool_name))
             self._finish(call, CallEvent.REJECT, result)
             return
-        errors = tool.check_input(arguments)
-        if errors:
-            drop_missing_inputs(errors)
-            message = invalid_input_message(tool_name, errors)
-            self._finish(
-                call, CallEvent.REJECT, _error_result(request_id, "invalid_input", message, errors)
-            )
+        error = input_error(tool, arguments)
+        if error is not None:
+            self._finish(call, CallEvent.REJECT, _error_result(request_id, *error))
             return
         call.step(CallEvent.ACCEPT)
         timeout = effective_timeout(timeout_ms, tool.timeout)
@@ -618,44 +668,17 @@ class Session:
         if self._late(request_id, CallEvent.RETURN):
             return
         call = self._calls[request_id]
-        name = call.tool_name
-        tool = self.tools.get(name)
-        problem = json_problem(value)
-        if problem is None and tool is not None and tool.check_output is not None:
-            errors = tool.check_output(value)
-            if errors:
-                where = "; ".join(_where(e) for e in errors[:3])
-                problem = f"a value that does not match its output schema: {where}"
-        if problem is not None:
-            js_value = _describe_js(value)
-            if js_value is not None:
-                detail = (
-                    f"tool {name!r} returned {js_value}, which cannot be serialized to JSON; "
-                    "copy out the fields you need"
-                )
-            else:
-                detail = f"tool {name!r} returned {problem}"
-            message = f"the return value of {name!r} is not usable: {detail}"
-            self._end_run(
-                call,
-                CallEvent.RETURN_UNUSABLE,
-                _error_result(request_id, "invalid_output", message),
-            )
-            return
-        output = _dumps(value)
-        size = len(output)  # characters: a lower bound of the UTF-8 size
-        if size * 4 > self.max_result_bytes:  # else even 4 bytes a character fit
-            size = _utf8_size(output)
-        if size > self.max_result_bytes:
-            message = too_large_message(size, self.max_result_bytes)
-            result = _error_result(request_id, "output_too_large", message, {"size": size})
-            self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
+        output, error = returned_outcome(
+            self.tools.get(call.tool_name), call.tool_name, value, self.max_result_bytes
+        )
+        if error is not None:
+            self._end_run(call, CallEvent.RETURN_UNUSABLE, _error_result(request_id, *error))
             return
         text = (
             '{"type":"cf_agent_client_tool_result","requestId":'
             + _dumps(request_id)
             + ',"output":'
-            + output
+            + str(output)
             + "}"
         )
         self._end_run(call, CallEvent.RETURN, text)
@@ -665,11 +688,7 @@ class Session:
         if self._late(request_id, CallEvent.RAISE):
             return
         call = self._calls[request_id]
-        if isinstance(exc, ToolError):
-            message, data = exc.message, exc.data
-        else:
-            message = str(exc) or type(exc).__name__
-            data = {"exception": type(exc).__name__}
+        message, data = raised_error(exc)
         self._end_run(call, CallEvent.RAISE, _error_result(request_id, "tool_error", message, data))
 
     def tool_cancelled(self, request_id: str) -> None:
@@ -851,12 +870,13 @@ class ToolClient:
     ping_interval, reconnect, client_id, max_result_bytes; `storage` is where the
     outbox waits across reloads (default `sessionStorage`, in a PyScript worker the
     page's through PyScript's proxy: clienttools.worker; anything with
-    getItem/setItem).
+    getItem/setItem); `webmcp` and `webmcp_approval` as there too: the tools on
+    `document.modelContext` as well (webmcp.py), and with no `url`, there only.
     """
 
     def __init__(
         self,
-        url: str,
+        url: "str | None" = None,
         *,
         token: "str | None" = None,
         connect_timeout: float = 10.0,
@@ -865,11 +885,16 @@ class ToolClient:
         client_id: "str | None" = None,
         max_result_bytes: int = MAX_RESULT_BYTES,
         storage: "Any" = None,
+        webmcp: bool = False,
+        webmcp_approval: bool = False,
     ) -> None:
         import js
 
         if connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
+        if url is None and not webmcp:
+            raise ValueError("a ToolClient needs the server's url (or webmcp=True, and no server)")
+        url = url or ""
         self._js = js
         self.url = url
         sep = "&" if "?" in url else "?"
@@ -916,6 +941,15 @@ class ToolClient:
         if not worker:  # a worker ends with its page: nothing to flush then
             js.window.addEventListener("pagehide", self._hide_proxy)
             js.document.addEventListener("visibilitychange", self._hide_proxy)
+        self.webmcp: Any = None  # the tools on document.modelContext (webmcp.py)
+        if webmcp:
+            from clienttools.webmcp import ModelContextMirror, mpy_runner
+
+            self.webmcp = ModelContextMirror(
+                lambda: [(tool.spec(), tool.read_only) for tool in self._tools.values()],
+                mpy_runner(self._tools, max_result_bytes),
+                approval=webmcp_approval,
+            )
 
     @staticmethod
     def _proxy_of(fn: "Callable[..., Any]") -> "Any":
@@ -939,6 +973,7 @@ class ToolClient:
         timeout: "float | None" = None,
         needs_approval: bool = False,
         context: bool = False,
+        read_only: bool = False,
     ) -> "Any":
         """Register a tool: `@client.tool` (no arguments) or `@client.tool(schema={...}, ...)`."""
 
@@ -952,20 +987,25 @@ class ToolClient:
                 timeout=timeout,
                 needs_approval=needs_approval,
                 context=context,
+                read_only=read_only,
             )
             if tool.name in self._tools:
                 raise ValueError(f"a tool named {tool.name!r} is already registered")
             self._tools[tool.name] = tool
-            self.session.registry_changed()
-            self._pump()
+            self._tools_changed()
             return function
 
         return register if fn is None else register(fn)
 
     def remove_tool(self, name: str) -> None:
         del self._tools[name]
+        self._tools_changed()
+
+    def _tools_changed(self) -> None:
         self.session.registry_changed()
         self._pump()
+        if self.webmcp is not None:
+            self.webmcp.sync()
 
     @property
     def tools(self) -> "dict[str, Tool]":
@@ -1010,6 +1050,8 @@ class ToolClient:
         """Open the connection; return once the server acknowledged the tools (C1)."""
         if self._status in ("connecting", "open", "reconnecting"):
             raise RuntimeError(f"ToolClient.connect() called while {self._status}")
+        if not self.url:
+            raise RuntimeError("this ToolClient has no url: it serves document.modelContext only")
         self._closing = False
         self._closed = asyncio.Event()
         self._restore_outbox()
@@ -1022,7 +1064,12 @@ class ToolClient:
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def close(self) -> None:
-        """Close for good: no reconnect; running async tools are cancelled."""
+        """Close for good: no reconnect; running async tools are cancelled.
+
+        With `webmcp=True`, every registration on `document.modelContext` is aborted.
+        """
+        if self.webmcp is not None:
+            self.webmcp.close()
         if self._status in ("idle", "closed"):
             return
         await self._stop()

@@ -86,6 +86,8 @@ __all__ = [  # the lifecycle table, limits and backoff live in rules.py, shared 
     "ToolsAcknowledged",
     "backoff",
     "next_call_state",
+    "raised_error",
+    "returned_outcome",
 ]
 
 if TYPE_CHECKING:
@@ -479,24 +481,13 @@ class Session:
             del self._calls[request_id]
             return
         tool = self.registry.get(call.tool_name)
-        try:
-            if tool is None:
-                raise InvalidOutput(f"tool {call.tool_name!r} was removed while it ran")
-            output_json = tool.dump_output_json(value)
-        except Exception as exc:  # InvalidOutput, NaN, app serializers raising anything: C5
-            message = f"the return value of {call.tool_name!r} is not usable: {exc}"
-            self._end_run(
-                call,
-                CallEvent.RETURN_UNUSABLE,
-                _error_result(request_id, "invalid_output", message),
-            )
-            return
-        size = protocol.text_size(output_json)
-        if size > self.max_result_bytes:
-            message = too_large_message(size, self.max_result_bytes)
-            result = _error_result(request_id, "output_too_large", message, {"size": size})
+        output_json, error = returned_outcome(tool, call.tool_name, value, self.max_result_bytes)
+        if error is not None:
+            code, message, data = error
+            result = _error_result(request_id, code, message, data)
             self._end_run(call, CallEvent.RETURN_UNUSABLE, result)
             return
+        assert output_json is not None
         self._end_run(call, CallEvent.RETURN, protocol.result_frame_text(request_id, output_json))
 
     def tool_raised(self, request_id: str, exc: BaseException) -> None:
@@ -506,12 +497,7 @@ class Session:
             call.step(CallEvent.RAISE)
             del self._calls[request_id]
             return
-        data: JsonValue
-        if isinstance(exc, ToolError):
-            message, data = exc.message, _json_or_none(exc.data)
-        else:
-            message = str(exc) or type(exc).__name__
-            data = {"exception": type(exc).__name__}
+        message, data = raised_error(exc)
         self._end_run(call, CallEvent.RAISE, _error_result(request_id, "tool_error", message, data))
 
     def tool_cancelled(self, request_id: str) -> None:
@@ -657,6 +643,35 @@ class Session:
                 self._put_in_outbox(frame.request_id, entry["frame"])
                 restored += 1
         return restored
+
+
+def returned_outcome(
+    tool: Tool | None, tool_name: str, value: Any, max_result_bytes: int
+) -> tuple[str | None, tuple[protocol.ErrorCode, str, JsonValue] | None]:
+    """C5 for a value a run returned: (its JSON text, None), or (None, (code, message, data)).
+
+    A result frame and a call through `document.modelContext` (webmcp.py) both come
+    from here, so the browser's agent gets the errors the server would.
+    """
+    try:
+        if tool is None:
+            raise InvalidOutput(f"tool {tool_name!r} was removed while it ran")
+        output_json = tool.dump_output_json(value)
+    except Exception as exc:  # InvalidOutput, NaN, app serializers raising anything: C5
+        message = f"the return value of {tool_name!r} is not usable: {exc}"
+        return None, ("invalid_output", message, None)
+    size = protocol.text_size(output_json)
+    if size > max_result_bytes:
+        message = too_large_message(size, max_result_bytes)
+        return None, ("output_too_large", message, {"size": size})
+    return output_json, None
+
+
+def raised_error(exc: BaseException) -> tuple[str, JsonValue]:
+    """C6: the `tool_error` message and data of an exception a run raised."""
+    if isinstance(exc, ToolError):
+        return exc.message, _json_or_none(exc.data)
+    return str(exc) or type(exc).__name__, {"exception": type(exc).__name__}
 
 
 def _json_or_none(value: object) -> JsonValue:

@@ -703,6 +703,7 @@ class Tool:
         "is_async",
         "name",
         "needs_approval",
+        "read_only",
         "timeout",
         "wire_spec",
     )
@@ -713,6 +714,8 @@ class Tool:
     is_async: bool
     timeout: float | None
     needs_approval: bool
+    #: Reads and changes nothing: `readOnlyHint` on document.modelContext (webmcp.py).
+    read_only: bool
     #: The spec as the tools frame carries it (camelCase keys, absent fields left out).
     wire_spec: dict[str, Any]
 
@@ -724,6 +727,7 @@ class Tool:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> None:
         if isinstance(fn, type) or not callable(fn):
             raise TypeError(
@@ -758,6 +762,7 @@ class Tool:
         self.is_async = schema.is_async
         self.timeout = timeout
         self.needs_approval = needs_approval
+        self.read_only = read_only
         self._context_param = schema.context_parameter
         self._input_model = schema.input_model
         self._make_input_model = schema.make_input_model
@@ -982,6 +987,7 @@ class ToolRegistry:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -993,6 +999,7 @@ class ToolRegistry:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> F | Callable[[F], F]:
         """Register a function as a tool: `@registry.tool` or `@registry.tool(name=...)`.
 
@@ -1006,6 +1013,7 @@ class ToolRegistry:
                 description=description,
                 timeout=timeout,
                 needs_approval=needs_approval,
+                read_only=read_only,
             )
             return f
 
@@ -1019,8 +1027,12 @@ class ToolRegistry:
         description: str | None = None,
         timeout: float | None = None,
         needs_approval: bool = False,
+        read_only: bool = False,
     ) -> Tool:
         """Register `fn` and return its Tool.
+
+        `read_only=True` says the tool changes nothing; it is the `readOnlyHint` a
+        browser's agent sees on `document.modelContext` (not part of the wire spec).
 
         Raises ValueError for a bad or duplicate name (or a full registry) and
         TypeError for a signature that cannot be a tool.
@@ -1037,7 +1049,12 @@ class ToolRegistry:
                 f"{protocol.MAX_TOOLS_PER_CONNECTION} tools per connection"
             )
         tool = Tool(
-            fn, name=name, description=description, timeout=timeout, needs_approval=needs_approval
+            fn,
+            name=name,
+            description=description,
+            timeout=timeout,
+            needs_approval=needs_approval,
+            read_only=read_only,
         )
         self._tools[tool.name] = tool
         self._changed()

@@ -184,9 +184,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 # -- admission --------------------------------------------------------------------------
 
 
-async def admit(
-    request: Request, config: ServerConfig, *, claim: bool = False
-) -> Response | None:
+async def admit(request: Request, config: ServerConfig, *, claim: bool = False) -> Response | None:
     """Who may use these routes: None admits, else the refusal to answer.
 
     The one place their admission is decided: a sane session name, the

@@ -76,7 +76,7 @@ def fenced_html_blocks(markdown: str) -> list[str]:
 
 def test_docs_show_the_example_files_verbatim() -> None:
     blocks = fenced_html_blocks((ROOT / "docs" / "client.md").read_text())
-    for name in ("pyscript.html", "pyodide.html", "micropython.html", "worker.html"):
+    for name in ("pyscript.html", "pyodide.html", "micropython.html", "worker.html", "webmcp.html"):
         assert (EXAMPLES / name).read_text() in blocks, (
             f"docs/client.md does not show examples/{name}"
         )
@@ -141,5 +141,41 @@ def test_worker_example_computes_off_the_main_thread_and_touches_the_dom(
         assert page.evaluate("window.longest") < 50
         refused = text_of(chat(server, "example", 'call count_primes {"below": 1}'))
         assert "count_primes failed: tool_error: below must be between" in refused
+    finally:
+        context.close()
+
+
+def test_webmcp_example_serves_the_server_and_the_browsers_agent(
+    browser: Browser, server: ServerProcess
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/webmcp.html")
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        reply = text_of(chat(server, "example", 'call add_note {"text": "from the server"}'))
+        assert "add_note -> 1" in reply
+        # The browser's agent, as it uses document.modelContext (the polyfill here).
+        tools = page.evaluate(
+            "document.modelContext.getTools().then(ts => ts.map(t => ({"
+            "name: t.name, readOnly: t.annotations.readOnlyHint})))"
+        )
+        assert tools == [
+            {"name": "add_note", "readOnly": False},
+            {"name": "page_title", "readOnly": True},
+        ]  # clear_notes needs the user's approval: not offered here
+        result = page.evaluate(
+            """async () => {
+                const [tool] = (await document.modelContext.getTools())
+                    .filter(t => t.name === "add_note");
+                return JSON.parse(await document.modelContext.executeTool(
+                    tool, JSON.stringify({text: "from the browser"})));
+            }"""
+        )
+        assert result == {"content": [{"type": "text", "text": "2"}], "isError": False}
+        assert page.text_content("#notes li:nth-child(2)") == "from the browser"
     finally:
         context.close()

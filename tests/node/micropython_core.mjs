@@ -12,7 +12,7 @@ const mp = await loadMicroPython({
   stderr: (line) => process.stderr.write(line + "\n"),
 });
 mp.FS.mkdirTree("/lib/clienttools");
-for (const name of ["rules.py", "context.py", "input_schema.py", "mpy.py"]) {
+for (const name of ["rules.py", "context.py", "input_schema.py", "webmcp.py", "mpy.py"]) {
   mp.FS.writeFile("/lib/clienttools/" + name, fs.readFileSync(new URL(name, client), "utf8"));
 }
 
@@ -90,6 +90,26 @@ for junk in ["not json", "[]", "{}", '{"type": 5}', '{"type": "cf_agent_nonsense
 assert session.frames_to_send() == [] and session.events() == []
 restored = Session(tools, client_id="again")
 assert restored.restore_outbox(session.export_outbox()) == len(session.outbox()) == 4
+
+# webmcp.py: its part without I/O, the MicroPython runner, and no page here (as in a worker).
+import asyncio
+import js
+from clienttools import webmcp
+assert webmcp.plan({"a": "1", "b": "1"}, [("b", "2"), ("c", "1")]) == (["a", "b"], ["b", "c"])
+assert json.loads(webmcp.output_result('{"a":1}'))["structuredContent"] == {"a": 1}
+assert json.loads(webmcp.output_result('"hi"'))["content"][0]["text"] == "hi"
+failed = json.loads(webmcp.error_result("tool_error", "boom", {"k": 1}))
+assert failed["isError"] is True and json.loads(failed["content"][0]["text"])["data"] == {"k": 1}
+run = webmcp.mpy_runner(tools, 1000)
+assert run("add", {"a": 1, "b": 2}, "webmcp-1") == ("3", None)
+assert run("add", {"a": "1", "b": 2}, "webmcp-2")[1][0] == "invalid_input"
+assert run("add", [1, 2], "webmcp-3")[1][0] == "invalid_input"
+assert run("nope", {}, "webmcp-4")[1][0] == "unknown_tool"
+try:
+    webmcp.main_thread_document(js)
+    raise AssertionError("a global scope without a document passed for a page")
+except webmcp.WebMCPUnavailable as exc:
+    assert "not in a worker" in str(exc)
 print("micropython core: ok")
 `;
 try {
