@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clienttools_server.canonical import canonical_json
 from clienttools_server.ledger import (
     MAX_STORED_BYTES,
     Divergence,
@@ -37,7 +38,6 @@ from clienttools_server.ledger import (
     Step,
     UnknownExecution,
     UnknownStep,
-    canonical_json,
     check_replay,
 )
 from clienttools_server.ledger_postgres import SCHEMA_VERSION, PostgresLedger
