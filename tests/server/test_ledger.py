@@ -675,6 +675,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.process
 async def test_a_durable_ledger_loses_nothing_acknowledged_when_killed(
     open_durable_ledger: tuple[str, str],
 ) -> None:
@@ -1423,6 +1424,7 @@ async def test_a_task_spawned_in_a_postgres_batch_does_not_use_it_once_ended(
         assert await _count(reader, "steps") == 2
 
 
+@pytest.mark.process
 async def test_a_postgres_batch_cancelled_mid_statement_commits_nothing(
     postgres: PostgresServer,
 ) -> None:
