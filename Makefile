@@ -1,4 +1,5 @@
 # The two commands a user needs: `make demo` and `make test`. Each installs what it needs.
+# `make check` is the fast lane while working: the unit and in-process server tests.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ PORT ?= 8000
 MODEL ?= scripted
 PYTEST_ARGS ?=
 
-.PHONY: all bootstrap postgresql web test demo bench soak lint clean
+.PHONY: all bootstrap postgresql web test check demo bench soak lint clean
 
 all: test
 
@@ -45,6 +46,11 @@ web: $(VENV)/.installed node_modules/.installed
 
 test: bootstrap web
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# No browser, no Node, no server processes: the sans-I/O cores and the server in this
+# process on real sockets (and the PostgreSQL the tests start, when it is installed).
+check: $(VENV)/.installed postgresql
+	$(PY) -m pytest tests/unit tests/server -m "not browser and not node and not soak and not process" $(PYTEST_ARGS)
 
 demo: bootstrap web
 	@echo "clienttools demo: open http://$(HOST):$(PORT)/ (Ctrl+C stops it)"

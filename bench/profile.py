@@ -1,4 +1,4 @@
-"""Where an invoke's time goes: the tools behind the "before/after" notes in bench/README.md.
+"""Where an invoke's time goes, and the SDK's start-up: the measurements bench/README.md cites.
 
     python -m bench.profile core      # pyinstrument on the sans-I/O core under CPython
     python -m bench.profile page      # cProfile inside the clienttools page + a CDP CPU profile

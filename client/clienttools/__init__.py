@@ -37,7 +37,7 @@ from clienttools.transport import (
 __version__ = "0.1.0"
 
 # The chat layer is imported on first use: it is most of the SDK's import time, and a
-# page that only hosts tools never needs it (cold start, bench/README.md).
+# page that only hosts tools never needs it.
 _LAZY_NAMES = {
     "Chat": "clienttools.chatclient",
     "ChatResponseError": "clienttools.chat",

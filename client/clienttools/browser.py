@@ -42,7 +42,7 @@ TURN_AFTER = 2
 # and the burst bookkeeping, the free-turn message and the backlog stay in JavaScript,
 # so a burst reaches Python as one array. This is the Python code below it, moved:
 # per round trip it saves the free-turn message's call into Python and two event
-# proxies (bench/README.md, "Hot path").
+# proxies.
 _PUMP_SOURCE = """
 return (ws, onFrame, onBatch, onClose, directFrames, turnAfter) => {
   let direct = 0, backlog = [], turnPosted = false;
@@ -104,8 +104,8 @@ class BrowserSocket:
     task queue. A burst is batched instead: after `DIRECT_FRAMES` frames without
     the page getting a free turn, frames wait in a backlog that one task drains
     (a `MessageChannel` message, which also marks the free turn). Handling a
-    burst frame by frame from `onmessage` halved pipelined throughput
-    (bench/README.md): a batch runs the same code back to back, warm.
+    burst frame by frame from `onmessage` halves pipelined throughput: a batch
+    runs the same code back to back, warm.
 
     The handlers are JavaScript (`_PUMP_SOURCE`) where the page allows making a
     function, else the same logic in Python (`_on_message`, `_on_turn`).

@@ -426,7 +426,7 @@ class ToolClient:
         """The chat on this connection (AI SDK WebSocket chat frames), made on first use.
 
         Made lazily because clienttools.chat is most of the SDK's import time, and a
-        page that only hosts tools never needs it (cold start, bench/README.md).
+        page that only hosts tools never needs it.
         """
         if self._chat is None:
             from clienttools.chatclient import Chat
@@ -756,9 +756,9 @@ def _mirror(registry: ToolRegistry, max_result_bytes: int, approval: bool) -> Mo
     return mirror
 
 
-# urllib.parse is imported by these two only when they run: in a page, importing it was a
-# tenth of the SDK's start-up (bench/README.md), and a client without a token or a chat
-# never needs it.
+# urllib.parse is imported by these two only when they run: in a page, importing it is a
+# tenth of the SDK's start-up (Pyodide's stdlib is compiled from source on every load),
+# and a client without a token or a chat never needs it.
 
 
 def _session_of(url: str) -> str:

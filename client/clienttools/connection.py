@@ -6,7 +6,7 @@ the writer is the only task that sends, so frames leave in session order. A
 socket that `SendsAtOnce` gets the session's frames straight from `flush()`,
 and one that `PushesFrames` hands frames over from its own message event: both
 save a turn of the event loop per invoke, which under Pyodide is a round
-through the browser's task queue (bench/README.md).
+through the browser's task queue.
 
     connection = Connection(socket, session, on_input=pump)
     connection.start()

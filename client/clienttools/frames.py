@@ -1,9 +1,9 @@
 """Every wire frame of protocol v1 as a pydantic model (`clienttools.protocol` has the rest).
 
 `clienttools.protocol` hands these out under its own name (`protocol.InvokeFrame`) and
-imports this module the first time one is used: making the model classes was two fifths
+imports this module the first time one is used: making the model classes is two fifths
 of the SDK's import in a page, and a page sends its first frame, the tools frame,
-without any of them (bench/README.md, cold start).
+without any of them.
 
     >>> from clienttools import protocol
     >>> protocol.InvokeFrame is InvokeFrame
@@ -11,8 +11,8 @@ without any of them (bench/README.md, cold start).
 """
 
 # No `from __future__ import annotations` here: with it, pydantic compiles and evaluates
-# every field's annotation string when the model class is made, which was a fifth of
-# the SDK's import in a page (bench/README.md). The forward reference below is quoted.
+# every field's annotation string when the model class is made, a fifth of the SDK's
+# import in a page. The forward reference below is quoted.
 
 from typing import Annotated, Literal, TypeAlias, get_args
 
@@ -74,8 +74,8 @@ class WireModel(BaseModel):
         frozen=True,
         extra="ignore",
         # Each model builds its validator on first use, not at import: a page pays
-        # only for the frames it meets (most of the SDK's import time otherwise;
-        # cold start in bench/README.md). The frame adapters are deferred too.
+        # only for the frames it meets (most of the SDK's import time otherwise).
+        # The frame adapters are deferred too.
         defer_build=True,
     )
 

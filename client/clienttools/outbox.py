@@ -10,8 +10,8 @@ the next result. Closing the client, and in the browser hiding or leaving the
 page, write at once too. A burst of invokes handled in one go (the browser
 socket's batches) is one write, before the burst's results go out.
 
-Writing the outbox on every change, twice per invoke, was the largest single
-cost of the browser's round trip (bench/README.md, "Hot path").
+A `sessionStorage` write is the largest single cost of the browser's round
+trip, so there is one per result, not one per change.
 
     writer = OutboxWriter(session, MemoryOutboxStore())
     writer.restore()        # once, before the first connection

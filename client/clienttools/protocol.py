@@ -14,8 +14,8 @@ the wire.
 The frame models (`InvokeFrame`, `ToolSpec`, ...) are defined in `clienttools.frames`
 and are this module's attributes too: that module is imported the first time one of
 them is used (or a frame is parsed), not with this one. Making the 22 model classes
-was two fifths of the SDK's import in a page, and a page sends its first frame, the
-tools frame, without any of them (bench/README.md, cold start).
+is two fifths of the SDK's import in a page, and a page sends its first frame, the
+tools frame, without any of them.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def _refuse_constant(name: str) -> object:
 
 
 # One decoder and one encoder for every frame: `json.loads`/`json.dumps` with options
-# build a new one per call, which was a tenth of an invoke's time (bench/README.md).
+# build a new one per call, a tenth of an invoke's time.
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 

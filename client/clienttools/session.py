@@ -241,8 +241,8 @@ class Session:
         # requestId -> (result text, its export_outbox entry): each result is encoded once.
         self._export_cache: dict[str, tuple[str, str]] = {}
         # Set from the first result the full outbox drops until it has room again, so
-        # a burst of drops logs one warning, not one per result (a console flood that
-        # halved pipelined throughput in the browser; bench/README.md).
+        # a burst of drops logs one warning, not one per result (a console flood
+        # halves pipelined throughput in the browser).
         self._outbox_overflowing = False
         self._to_send: list[str] = []
         self._events: list[Event] = []

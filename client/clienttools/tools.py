@@ -388,8 +388,8 @@ _EMPTY: Final = inspect.Parameter.empty
 # Return values whose JSON is their own `json.dumps`, with no pydantic validation or
 # serialization to go through: a value of exactly the annotated type, or of any of
 # these types where the output is not validated. Validating and
-# dumping them through pydantic gives the same value (a test holds them equal); it was
-# a third of an invoke's protocol work in a page (bench/README.md).
+# dumping them through pydantic gives the same value (a test holds them equal) at a
+# third of an invoke's protocol work in a page.
 _PLAIN_TYPES: Final[frozenset[type]] = frozenset({int, float, bool, str, type(None)})
 _NO_PLAIN_OUTPUTS: Final[frozenset[type]] = frozenset()
 

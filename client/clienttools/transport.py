@@ -30,7 +30,7 @@ def redact_token(url: str) -> str:
     """`url` with the value of its `token` query parameter hidden, for messages and logs."""
     if "?" not in url:
         # No query, no token. urllib.parse is imported only for a URL that has one: in
-        # a page, importing it was a tenth of the SDK's start-up (bench/README.md).
+        # a page, importing it is a tenth of the SDK's start-up.
         return url
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 

@@ -40,6 +40,7 @@ from clienttools.protocol import (
 )
 from clienttools.uimessage import ToolPart, UIMessage
 
+from .canonical import canonical_json
 from .clock import Clock
 from .ledger import (
     ChatOfOtherSession,
@@ -47,7 +48,6 @@ from .ledger import (
     Ledger,
     LedgerUnavailable,
     StoredChat,
-    canonical_json,
 )
 
 if TYPE_CHECKING:

@@ -44,8 +44,9 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
+from .canonical import canonical_json
 from .history import digest
-from .ledger import Ledger, Resolution, Step, canonical_json
+from .ledger import Ledger, Resolution, Step
 from .stream import Chunk
 
 logger = logging.getLogger(__name__)

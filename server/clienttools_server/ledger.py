@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, cast
 
+from .canonical import Canonical, canonical_json, canonicalize
+
 ExecutionStatus = Literal["running", "paused", "completed", "error", "expired"]
 StepKind = Literal["model", "tool"]
 # Who settles a step: the browser tool ("client"), a human answering an approval
@@ -84,44 +86,6 @@ DEFAULT_LEASE = 10.0
 
 # How much of a recorded or asked-for input a Divergence message quotes.
 _QUOTE_CHARS = 200
-
-
-class _Canonical(str):
-    """Text that :func:`canonical_json` produced: stored as is, not parsed and encoded again."""
-
-    __slots__ = ()
-
-
-def canonical_json(value: object) -> str:
-    """Serialize ``value`` so that equal JSON values give equal strings.
-
-    Keys sorted, no whitespace, non-ASCII kept as is; NaN and infinities are
-    refused because JSON has no spelling for them.
-
-    >>> canonical_json({"b": 1, "a": [True, None, "é"]})
-    '{"a":[true,null,"é"],"b":1}'
-    """
-    try:
-        return _Canonical(
-            json.dumps(
-                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
-        )
-    except (TypeError, RecursionError) as exc:
-        # One exception type for "not a JSON value", whatever json tripped on.
-        raise ValueError(f"not a JSON value: {exc}") from exc
-
-
-def _canonicalize(text: str) -> str:
-    """Parse JSON text and return its canonical form; ValueError if it is not JSON."""
-    if type(text) is _Canonical:
-        return text  # canonical_json made it: parsing and encoding again gives the same text
-    try:
-        value = json.loads(text)
-    except RecursionError as exc:
-        raise ValueError("JSON nested too deeply") from exc
-    # json.loads accepts NaN and Infinity; canonical_json then refuses them.
-    return canonical_json(value)
 
 
 def _stored_size(text: str) -> int:
@@ -347,14 +311,14 @@ def check_replay(recorded: Step, kind: StepKind, name: str, input_json: str) -> 
     do not matter. Resolution is not compared: whether a tool needs approval is
     configuration, and changing it must not break runs already recorded.
     """
-    asked_input = _canonicalize(input_json)
+    asked_input = canonicalize(input_json)
     if (recorded.kind, recorded.name, recorded.input_json) != (kind, name, asked_input):
         raise Divergence(recorded, kind, name, asked_input)
 
 
 def _prepare_input(name: str, input_json: str) -> str:
     try:
-        canonical = _canonicalize(input_json)
+        canonical = canonicalize(input_json)
     except ValueError as exc:
         raise ValueError(f"input of {name!r} is not valid JSON: {exc}") from exc
     size = _stored_size(canonical)
@@ -370,7 +334,7 @@ def _prepare_input(name: str, input_json: str) -> str:
 def _prepare_result(result_json: str) -> str | Outcome:
     """Canonical result to store, or the refusing Outcome."""
     try:
-        canonical = _canonicalize(result_json)
+        canonical = canonicalize(result_json)
     except ValueError as exc:
         return Outcome(False, "invalid", f"result is not valid JSON: {exc}")
     size = _stored_size(canonical)
@@ -397,7 +361,7 @@ def _prepare_error(error_json: str) -> str | Outcome:
     """Canonical error to store, or the refusing Outcome."""
     try:
         value = json.loads(error_json)
-        canonical = error_json if type(error_json) is _Canonical else canonical_json(value)
+        canonical = error_json if type(error_json) is Canonical else canonical_json(value)
     except (ValueError, RecursionError) as exc:
         return Outcome(False, "invalid", f"error is not valid JSON: {exc}")
     if not (
@@ -1130,7 +1094,7 @@ class SqliteLedger:
         self, session: str, request_json: str, now: float, chat_id: str | None = None
     ) -> Execution:
         # chat_id: one process knows its streaming responses itself; not stored.
-        _canonicalize(request_json)  # refuse what could not be re-run later
+        canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(
             uuid.uuid4().hex, session, "running", request_json, None, now, now,
@@ -1412,7 +1376,7 @@ class SqliteLedger:
 
     async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
-        canonical = _canonicalize(spec_json)
+        canonical = canonicalize(spec_json)
         with self._write() as db:
             self._fence(db, execution_id)
             db.execute(

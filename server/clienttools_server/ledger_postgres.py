@@ -90,6 +90,7 @@ from typing import Any, Literal
 import psycopg
 import psycopg_pool
 
+from .canonical import canonicalize
 from .cluster import encode
 from .ledger import (
     DEFAULT_LEASE,
@@ -110,7 +111,6 @@ from .ledger import (
     StoredChat,
     UnknownExecution,
     UnknownStep,
-    _canonicalize,
     _check_statuses,
     _check_transition,
     _closing_error,
@@ -926,7 +926,7 @@ class PostgresLedger:
     async def start_execution(
         self, session: str, request_json: str, now: float, chat_id: str | None = None
     ) -> Execution:
-        _canonicalize(request_json)  # refuse what could not be re-run later
+        canonicalize(request_json)  # refuse what could not be re-run later
         leases = self._leases
         execution = Execution(
             uuid.uuid4().hex, session, "running", request_json, None, now, now,
@@ -1131,7 +1131,7 @@ class PostgresLedger:
 
     async def record_spec(self, execution_id: str, seq: int, spec_json: str) -> Step | None:
         """Record the tool spec of a step once (the first stays); the step, None if missing."""
-        canonical = _canonicalize(spec_json)
+        canonical = canonicalize(spec_json)
         held = self._held(execution_id)
         # The step as it stands after the update: the updated row, or else the one
         # that already had a spec (the statement's snapshot predates its update).

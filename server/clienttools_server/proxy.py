@@ -9,8 +9,8 @@ first valid result, a timeout, an abort, a disconnect (policy ``fail``) or
 expiry. Every result frame gets an ack: ``applied``, ``duplicate``, ``stale``
 or ``invalid``. Nothing here raises on bad peer input.
 
-A call's lifecycle in this process is the table ``CALL_TRANSITIONS``
-(``CallState`` x ``CallEvent``); ``LATE_RESULT`` says what a result that
+A call's lifecycle in this process is the table ``DELIVERY_TRANSITIONS``
+(``DeliveryState`` x ``DeliveryEvent``); ``LATE_RESULT`` says what a result that
 comes after the call was settled gets. Every result, whatever its source (the
 page the invoke went to, a page re-sending to a restarted server, a resolve
 from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
@@ -53,6 +53,7 @@ from clienttools.protocol import (
     json_size,
 )
 
+from .canonical import canonical_json
 from .clock import SYSTEM_CLOCK, Clock, Timer
 from .config import ServerConfig
 from .journal import ToolCall
@@ -63,7 +64,6 @@ from .ledger import (
     Outcome,
     OutcomeReason,
     Step,
-    canonical_json,
 )
 from .routing import RemotePeer
 from .schema import OutputSchemas
@@ -79,8 +79,12 @@ _SETTLED_WITHOUT_RESULT = frozenset({"timeout", "cancelled", "disconnected", "ex
 MAX_SUPERSEDED = 10_000
 
 
-class CallState(enum.Enum):
-    """Where one pending browser call stands in this process."""
+class DeliveryState(enum.Enum):
+    """Where one pending browser call's delivery stands in this process, and how it ended.
+
+    The server's side of a call; the page's own (running, completed, timed out) is
+    ``clienttools.rules.CallState``.
+    """
 
     # Delivered by an earlier process (a restart): the page that has it is
     # unknown here, so a result from any page of its session is taken.
@@ -97,7 +101,7 @@ class CallState(enum.Enum):
     CLOSED = "closed"
 
 
-class CallEvent(enum.Enum):
+class DeliveryEvent(enum.Enum):
     DELIVER = "deliver"  # an invoke goes to a page
     NO_PAGE = "no_page"  # no live page offers the tool: wait for one
     RESULT = "result"  # a page's result was recorded
@@ -106,42 +110,43 @@ class CallEvent(enum.Enum):
 
 
 _SETTLING = {
-    CallEvent.RESULT: CallState.APPLIED,
-    CallEvent.OUTSIDE: CallState.SUPERSEDED,
-    CallEvent.SERVER: CallState.CLOSED,
+    DeliveryEvent.RESULT: DeliveryState.APPLIED,
+    DeliveryEvent.OUTSIDE: DeliveryState.SUPERSEDED,
+    DeliveryEvent.SERVER: DeliveryState.CLOSED,
 }
-CALL_TRANSITIONS: dict[CallState, dict[CallEvent, CallState]] = {
-    CallState.ORPHANED: {
-        CallEvent.DELIVER: CallState.DELIVERED,
-        CallEvent.NO_PAGE: CallState.ORPHANED,
+DELIVERY_TRANSITIONS: dict[DeliveryState, dict[DeliveryEvent, DeliveryState]] = {
+    DeliveryState.ORPHANED: {
+        DeliveryEvent.DELIVER: DeliveryState.DELIVERED,
+        DeliveryEvent.NO_PAGE: DeliveryState.ORPHANED,
         **_SETTLING,
     },
-    CallState.WAITING: {
-        CallEvent.DELIVER: CallState.DELIVERED,
-        CallEvent.NO_PAGE: CallState.WAITING,
+    DeliveryState.WAITING: {
+        DeliveryEvent.DELIVER: DeliveryState.DELIVERED,
+        DeliveryEvent.NO_PAGE: DeliveryState.WAITING,
         **_SETTLING,
     },
-    CallState.DELIVERED: {
-        CallEvent.DELIVER: CallState.DELIVERED,  # re-delivered (S4 wait, a new registration)
-        CallEvent.NO_PAGE: CallState.WAITING,
+    DeliveryState.DELIVERED: {
+        # Re-delivered (S4 wait, a new registration).
+        DeliveryEvent.DELIVER: DeliveryState.DELIVERED,
+        DeliveryEvent.NO_PAGE: DeliveryState.WAITING,
         **_SETTLING,
     },
-    CallState.APPLIED: {},
-    CallState.SUPERSEDED: {},
-    CallState.CLOSED: {},
+    DeliveryState.APPLIED: {},
+    DeliveryState.SUPERSEDED: {},
+    DeliveryState.CLOSED: {},
 }
 # The ack of a result for a call that was settled already, by how it was settled.
-LATE_RESULT: dict[CallState, AckOutcome] = {
-    CallState.APPLIED: "duplicate",
-    CallState.SUPERSEDED: "stale",
-    CallState.CLOSED: "stale",
+LATE_RESULT: dict[DeliveryState, AckOutcome] = {
+    DeliveryState.APPLIED: "duplicate",
+    DeliveryState.SUPERSEDED: "stale",
+    DeliveryState.CLOSED: "stale",
 }
 
 
-def next_call_state(state: CallState, event: CallEvent) -> CallState:
+def next_delivery_state(state: DeliveryState, event: DeliveryEvent) -> DeliveryState:
     """The state ``event`` leads to; RuntimeError for a step the table does not list."""
     try:
-        return CALL_TRANSITIONS[state][event]
+        return DELIVERY_TRANSITIONS[state][event]
     except KeyError:
         raise RuntimeError(
             f"a call in state {state.value!r} cannot take event {event.value!r}"
@@ -201,7 +206,7 @@ class PendingCall:
     session: str
     call: ToolCall
     future: asyncio.Future[None]
-    state: CallState = CallState.WAITING
+    state: DeliveryState = DeliveryState.WAITING
     # The page the invoke went to last, and its clientId (kept while it waits again).
     target: Peer | None = None
     client_id: str | None = None
@@ -232,10 +237,10 @@ class PendingCall:
 
     @property
     def settled(self) -> bool:
-        return not CALL_TRANSITIONS[self.state]
+        return not DELIVERY_TRANSITIONS[self.state]
 
-    def move(self, event: CallEvent) -> None:
-        self.state = next_call_state(self.state, event)
+    def move(self, event: DeliveryEvent) -> None:
+        self.state = next_delivery_state(self.state, event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +413,7 @@ class BrowserTools:
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
             asyncio.get_running_loop().create_future(),
-            state=CallState.ORPHANED if step.attempts > 0 else CallState.WAITING,
+            state=DeliveryState.ORPHANED if step.attempts > 0 else DeliveryState.WAITING,
         )  # fmt: skip
         self.pending[entry.request_id] = entry
         entry.recorded = False
@@ -492,7 +497,7 @@ class BrowserTools:
         finally:
             if not lost and not entry.settled:
                 self._send_cancel(entry, "aborted")
-                entry.move(CallEvent.SERVER)
+                entry.move(DeliveryEvent.SERVER)
 
     def _send_cancel(self, entry: PendingCall, reason: CancelReason) -> None:
         if entry.target is not None and entry.target.is_open:
@@ -511,7 +516,7 @@ class BrowserTools:
             return
         if peer is None:
             entry.target = None  # waits for the next connection that registers the tool
-            entry.move(CallEvent.NO_PAGE)
+            entry.move(DeliveryEvent.NO_PAGE)
             return
         spec = peer.tool_spec(entry.call.tool_name)
         if not entry.spec_recorded:
@@ -525,7 +530,7 @@ class BrowserTools:
         )
         entry.idle_timeout = min(wanted, self.config.max_tool_timeout)
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
-        entry.move(CallEvent.DELIVER)
+        entry.move(DeliveryEvent.DELIVER)
         entry.last_progress = None
         attempt = await self.ledger.add_attempt(
             entry.execution_id, entry.seq, self.clock.now(),
@@ -604,17 +609,17 @@ class BrowserTools:
                 entry.settled_step = outcome.step
         if entry.settled:
             return False
-        entry.move(CallEvent.SERVER)
+        entry.move(DeliveryEvent.SERVER)
         self._stop_timers(entry)
         if not entry.future.done():
             entry.future.set_result(None)
         return True
 
-    def _settled(self, entry: PendingCall, step: Step | None, event: CallEvent) -> None:
+    def _settled(self, entry: PendingCall, step: Step | None, event: DeliveryEvent) -> None:
         """The ledger step of a live entry was settled by ``event``: wake its run."""
         if entry.settled:
             return
-        if event is CallEvent.OUTSIDE:
+        if event is DeliveryEvent.OUTSIDE:
             self._send_cancel(entry, "superseded")
         entry.move(event)
         self._stop_timers(entry)
@@ -690,7 +695,9 @@ class BrowserTools:
         if not by_page:
             self.remember_superseded(step.request_id)
         if entry is not None:
-            self._settled(entry, outcome.step, CallEvent.RESULT if by_page else CallEvent.OUTSIDE)
+            self._settled(
+                entry, outcome.step, DeliveryEvent.RESULT if by_page else DeliveryEvent.OUTSIDE
+            )
         return Applied("applied", "applied", outcome.message, outcome.step)
 
     async def _refused_by_page(
@@ -700,7 +707,7 @@ class BrowserTools:
             step.execution_id, step.seq, error_json, self.clock.now()
         )
         if outcome.ok and entry is not None:
-            self._settled(entry, outcome.step, CallEvent.RESULT)
+            self._settled(entry, outcome.step, DeliveryEvent.RESULT)
 
     def _late(
         self,
@@ -757,7 +764,7 @@ class BrowserTools:
             if (entry.execution_id, entry.seq) == (execution_id, seq) and not entry.settled:
                 self.remember_superseded(entry.request_id)
                 step = await self.ledger.get_step(execution_id, seq)
-                self._settled(entry, step, CallEvent.OUTSIDE)
+                self._settled(entry, step, DeliveryEvent.OUTSIDE)
                 return True
         return False
 
@@ -793,7 +800,7 @@ class BrowserTools:
         return _ack(request_id, applied.outcome, None if applied.ok else applied.message)
 
     async def _from_target(self, entry: PendingCall, peer: Peer) -> bool:
-        if entry.state is CallState.ORPHANED:
+        if entry.state is DeliveryState.ORPHANED:
             # Delivered by an earlier process (a restart): the page is not known
             # here; only a page of the session it went to can know the unguessable id.
             return peer.session == entry.session
@@ -900,7 +907,9 @@ class BrowserTools:
             return True
         if how == "outside":
             self.remember_superseded(request_id)
-        self._settled(entry, step, CallEvent.OUTSIDE if how == "outside" else CallEvent.RESULT)
+        self._settled(
+            entry, step, DeliveryEvent.OUTSIDE if how == "outside" else DeliveryEvent.RESULT
+        )
         return True
 
     def progressed_elsewhere(self, process_id: str, request_id: str, progress: float) -> None:
@@ -952,7 +961,7 @@ class BrowserTools:
             if entry.settled:
                 continue
             if step is not None and step.state != "pending":
-                self._settled(entry, step, CallEvent.RESULT)
+                self._settled(entry, step, DeliveryEvent.RESULT)
             elif entry.target is None:
                 await self._deliver(entry)
             elif not await _is_open(entry.target):

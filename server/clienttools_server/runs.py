@@ -33,6 +33,7 @@ from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import ToolSpec
 
+from .canonical import canonical_json
 from .chunks import ChunkWriter
 from .config import ClientToolsMode
 from .history import history_from_ui
@@ -43,7 +44,6 @@ from .ledger import (
     LeaseLost,
     Ledger,
     UnknownExecution,
-    canonical_json,
 )
 from .page_tools import PageToolset
 

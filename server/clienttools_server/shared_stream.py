@@ -59,9 +59,10 @@ from typing import Any, Protocol
 
 from clienttools.protocol import AbortFrame, NoActiveFrame, ResumeFrame, WireModel
 
+from .canonical import canonical_json
 from .clock import Clock, Timer, sleep
 from .cluster import encode
-from .ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable, canonical_json
+from .ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable
 from .ledger_postgres import _escape
 from .stream import Chunk, ChunkLog
 from .tasks import Background

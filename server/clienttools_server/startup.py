@@ -54,14 +54,26 @@ def check_listen(host: str, port: int) -> None:
         raise StartupError(
             f"--host {host}: not a name or address of this machine ({exc.strerror})"
         ) from None
+    unavailable: OSError | None = None
+    bound = False
     for family, kind, proto, _, address in addresses:
         with socket.socket(family, kind, proto) as probe:
-            # As asyncio's create_server does on POSIX, so TIME_WAIT is not "in use".
+            # As asyncio's create_server does on POSIX: TIME_WAIT is not "in use", and
+            # an IPv6 socket leaves the IPv4 addresses to their own socket.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind(address)
             except OSError as exc:
-                raise StartupError(_bind_failure(host, port, exc)) from None
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise StartupError(_bind_failure(host, port, exc)) from None
+                # asyncio skips an address of a family the machine has not enabled.
+                unavailable = exc
+                continue
+            bound = True
+    if not bound and unavailable is not None:
+        raise StartupError(_bind_failure(host, port, unavailable))
 
 
 def _bind_failure(host: str, port: int, exc: OSError) -> str:

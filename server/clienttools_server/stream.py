@@ -24,7 +24,7 @@ from pydantic import JsonValue
 
 from clienttools.protocol import ChunkFrame, EndFrame, ErrorFrame, StartFrame, WireModel
 
-from .ledger import canonical_json
+from .canonical import canonical_json
 
 Send = Callable[[WireModel], None]
 Chunk = dict[str, JsonValue]

@@ -237,16 +237,31 @@ def chat_peer(server: DurableServer) -> Iterator[ChatPeer]:
 
 # -- one response ----------------------------------------------------------------------------
 
-baseline: dict[str, Any] = {}
 
+@pytest.fixture(scope="module")
+def undisturbed(page: Page) -> dict[str, Any]:
+    """The page's first chat, with nothing disturbed: what a disturbed one must reproduce.
 
-def test_tool_call_and_follow_up_text_arrive_in_one_response(page: Page) -> None:
+    ``chunks``: its response, normalized; ``runs``: the request ids of the tool calls
+    the page has made, each test adding its own (so the next one finds its new call).
+    """
     send_chat(page, TEXT)
     st = wait_chat_done(page, turns=1)
     [turn] = st["chat"]["turns"]
-    assert len(turn) == 1, turn  # one request carried the whole exchange
     frames = [f for f in page.evaluate("window.chatFrames") if f["requestId"] == turn[0]]
-    kinds = [f["chunk"]["type"] if f["type"] == "chunk" else f["type"] for f in frames]
+    chunks, final = response_chunks(page, turn)
+    return {
+        "state": st, "turn": turn, "frames": frames, "final": final,
+        "chunks": normalized(chunks), "runs": set(st["runs"]),
+    }  # fmt: skip
+
+
+def test_tool_call_and_follow_up_text_arrive_in_one_response(undisturbed: dict[str, Any]) -> None:
+    st, turn = undisturbed["state"], undisturbed["turn"]
+    assert len(turn) == 1, turn  # one request carried the whole exchange
+    kinds = [
+        f["chunk"]["type"] if f["type"] == "chunk" else f["type"] for f in undisturbed["frames"]
+    ]
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("end") == 1
     given, output = kinds.index("tool-input-available"), kinds.index("tool-output-available")
     assert given < output < kinds.index("text-delta") < kinds.index("finish") < len(kinds) - 1
@@ -258,18 +273,16 @@ def test_tool_call_and_follow_up_text_arrive_in_one_response(page: Page) -> None
     assert st["chat"]["statuses"] == ["ready", "submitted", "streaming", "ready"]
     [request_id] = st["runs"]
     assert st["runs"][request_id] == {"attempts": [1], "done": 1}
-    chunks, final = response_chunks(page, turn)
-    assert final == "end"
-    baseline["chunks"] = normalized(chunks)
-    baseline["runs"] = set(st["runs"])
+    assert undisturbed["final"] == "end"
 
 
 # -- durability ------------------------------------------------------------------------------
 
 
-def test_sigkill_while_the_tool_runs(page: Page, server: DurableServer) -> None:
-    if not baseline:
-        pytest.skip("needs the undisturbed run of the previous test")
+def test_sigkill_while_the_tool_runs(
+    page: Page, server: DurableServer, undisturbed: dict[str, Any]
+) -> None:
+    baseline = undisturbed
     set_gate(page, "closed")
     send_chat(page, TEXT)
     request_id = newest_run(page, baseline["runs"])
@@ -307,10 +320,13 @@ def test_sigkill_while_the_tool_runs(page: Page, server: DurableServer) -> None:
     baseline["runs"].add(request_id)
 
 
-def test_reload_while_the_tool_runs(page: Page, server: DurableServer) -> None:
+def test_reload_while_the_tool_runs(
+    page: Page, server: DurableServer, undisturbed: dict[str, Any]
+) -> None:
+    baseline = undisturbed
     set_gate(page, "closed")
     send_chat(page, 'call work {"job": "reload-1"}')
-    request_id = newest_run(page, baseline.get("runs", set()))
+    request_id = newest_run(page, baseline["runs"])
     page.reload()
     wait_loaded(page)
     # The reloaded page gets the call again (attempt 2) and starts it from scratch.
@@ -328,14 +344,17 @@ def test_reload_while_the_tool_runs(page: Page, server: DurableServer) -> None:
     assert [c["type"] for c in normalized(chunks)] == [c["type"] for c in baseline["chunks"]]
     assert server.step(request_id)["attempts"] == 2
     assert [a["outcome"] for a in acks(page, request_id)] == ["applied"]
-    baseline.setdefault("runs", set()).add(request_id)
+    baseline["runs"].add(request_id)
 
 
-def test_reload_after_the_tool_finished_before_the_ack(page: Page, server: DurableServer) -> None:
+def test_reload_after_the_tool_finished_before_the_ack(
+    page: Page, server: DurableServer, undisturbed: dict[str, Any]
+) -> None:
+    baseline = undisturbed
     page.evaluate("sessionStorage.setItem('drop_acks', '1')")
     set_gate(page, "open")
     send_chat(page, 'call work {"job": "reload-2"}')
-    request_id = newest_run(page, baseline.get("runs", set()))
+    request_id = newest_run(page, baseline["runs"])
     st = wait_chat_done(page, turns=2)  # the server applied the result; the page never heard
     assert assistant_text(st) == 'work -> "done reload-2"'
     assert acks(page, request_id) == [
@@ -358,7 +377,7 @@ def test_reload_after_the_tool_finished_before_the_ack(page: Page, server: Durab
     assert runs == {"attempts": [1], "done": 1}
     assert request_id not in outbox(page, server)
     assert server.step(request_id)["attempts"] == 1  # nothing was re-delivered
-    baseline.setdefault("runs", set()).add(request_id)
+    baseline["runs"].add(request_id)
 
 
 def test_all_pages_closed_the_call_waits_an_hour(

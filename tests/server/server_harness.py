@@ -26,8 +26,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from clienttools.protocol import parse_server_frame
+from clienttools_server.canonical import canonical_json
 from clienttools_server.history import digest, history_from_ui
-from clienttools_server.ledger import canonical_json
 from clienttools_server.scripted import scripted_model
 
 ROOT = Path(__file__).resolve().parents[2]

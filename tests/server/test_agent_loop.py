@@ -26,6 +26,9 @@ from clienttools_server.ledger import SqliteLedger
 from tests.support.faultproxy import FaultProxy, Rule, drop
 from tests.support.server_process import ROOT, ServerProcess
 
+# Most of its tests start the server as OS processes: the file is not in `make check`.
+pytestmark = pytest.mark.process
+
 
 class Tap:
     """Sees every frame the server sends the page (a proxy rule that never fires)."""

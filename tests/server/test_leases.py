@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.ledger import Execution
@@ -31,6 +33,9 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
+
+# Each test starts the server as OS processes: not in `make check`.
+pytestmark = pytest.mark.process
 
 AGENT = "tests.server.lease_agents:counted"
 

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clienttools_server.canonical import canonical_json
 from clienttools_server.ledger import (
     MAX_STORED_BYTES,
     Divergence,
@@ -37,7 +38,6 @@ from clienttools_server.ledger import (
     Step,
     UnknownExecution,
     UnknownStep,
-    canonical_json,
     check_replay,
 )
 from clienttools_server.ledger_postgres import SCHEMA_VERSION, PostgresLedger
@@ -675,6 +675,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.process
 async def test_a_durable_ledger_loses_nothing_acknowledged_when_killed(
     open_durable_ledger: tuple[str, str],
 ) -> None:
@@ -1427,6 +1428,7 @@ async def test_a_task_spawned_in_a_postgres_batch_does_not_use_it_once_ended(
         assert await _count(reader, "steps") == 2
 
 
+@pytest.mark.process
 async def test_a_postgres_batch_cancelled_mid_statement_commits_nothing(
     postgres: PostgresServer,
 ) -> None:

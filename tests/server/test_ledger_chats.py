@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from clienttools_server.ledger import ChatOfOtherSession, Ledger, canonical_json
+from clienttools_server.canonical import canonical_json
+from clienttools_server.ledger import ChatOfOtherSession, Ledger
 
 # The fixtures of the contract tests, so both files test the same stores.
 from tests.server.test_ledger import T0, _opened, ledger, open_durable_ledger, store  # noqa: F401

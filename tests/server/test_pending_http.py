@@ -34,6 +34,9 @@ from tests.support.http import Reply, http_json
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
 
+# Most of its tests start the server as OS processes: the file is not in `make check`.
+pytestmark = pytest.mark.process
+
 TOKEN = "page-secret"
 ADMIN = "operator-secret"
 SESSION = "desk"

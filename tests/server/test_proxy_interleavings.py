@@ -17,7 +17,7 @@ from clienttools.protocol import InvokeFrame, ToolApprovalFrame, ToolSpec, WireM
 from clienttools_server.config import ServerConfig
 from clienttools_server.journal import ToolCall
 from clienttools_server.ledger import Outcome, Step
-from clienttools_server.proxy import Approvals, BrowserTools, CallState
+from clienttools_server.proxy import Approvals, BrowserTools, DeliveryState
 
 
 def pending_step(resolution: str = "client") -> Step:
@@ -100,7 +100,7 @@ async def test_a_delivery_overtaken_while_it_read_the_registrations_does_not_par
     await asyncio.sleep(0.002)
     registered["page"] = new
     await asyncio.gather(closing, tools.on_registered(new))
-    assert entry.state is CallState.DELIVERED and entry.target is new
+    assert entry.state is DeliveryState.DELIVERED and entry.target is new
     assert [type(f) for f in new.sent] == [InvokeFrame]
     assert entry.timers == 2
     await started.abandon()

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from clienttools.client import ToolClient
 from clienttools.context import ToolContext
 from clienttools.native import NativeConnector
@@ -27,6 +29,9 @@ from tests.support.http import http_json
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
+
+# Each test starts the server as OS processes: not in `make check`.
+pytestmark = pytest.mark.process
 
 WORK_SPEC: dict[str, Any] = {
     "name": "work",

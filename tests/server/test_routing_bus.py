@@ -101,9 +101,11 @@ async def test_processes_of_another_schema_hear_nothing(postgres: PostgresServer
 
 async def test_a_notification_in_a_batch_comes_after_its_rows(postgres: PostgresServer) -> None:
     async with two_processes(postgres.fresh_url()) as (a, _bus_a, b, bus_b):
+        heard = Heard(bus_b, "barrier")
         seen: list[object] = []
 
         async def read_the_step(sender: str, args: tuple[str, ...]) -> None:
+            heard.got.append(("recorded", sender, args))  # as it arrives, before the read
             step = await b.get_step(args[0], int(args[1]))
             seen.append(None if step is None else step.state)
 
@@ -113,12 +115,13 @@ async def test_a_notification_in_a_batch_comes_after_its_rows(postgres: Postgres
         async with a.batch():
             await a.record_step(execution.id, 0, "tool", "t", "{}", "client", T0, "req-1")
             await a.notify(b.owner, "recorded", execution.id, "0")
-            # Not before the commit: the batch is still open here.
-            await asyncio.sleep(0.2)
-            assert seen == []
-        async with asyncio.timeout(10):
-            while not seen:
-                await asyncio.sleep(0.01)
+            # Not before the commit: a notification sent after it from outside the batch
+            # arrives first (PostgreSQL delivers notifications in commit order).
+            await b.notify(b.owner, "barrier")
+            await heard.until(lambda: bool(heard.got))
+            assert [kind for kind, _, _ in heard.got] == ["barrier"]
+        await heard.until(lambda: bool(seen))
+        assert [kind for kind, _, _ in heard.got] == ["barrier", "recorded"]
         assert seen == ["pending"]
 
 

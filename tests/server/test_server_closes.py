@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import time
 from typing import Any
 
 import pytest
@@ -30,6 +29,9 @@ from websockets.client import ClientProtocol
 from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
+
+from clienttools_server.app import RunningServer
+from tests.support.wait import wait_until_blocking
 
 # Small enough that the replies below fill it many times over, so the close frame
 # still waits in the server's send queue when the server is done writing.
@@ -115,19 +117,33 @@ def close_code(frames: list[Frame]) -> int | None:
     return Close.parse(closes[0].data).code if closes else None
 
 
-def refused_after_a_backlog(url: str, payload: bytes, whole: bool) -> tuple[list[Frame], bool]:
-    """Replies left unread, then the refused frame (`whole`, or its first bytes), then more."""
-    peer = SlowPeer.open(url)
+def refused_after_a_backlog(
+    server: RunningServer, payload: bytes, whole: bool
+) -> tuple[list[Frame], bool]:
+    """Replies left unread, then the refused frame (`whole`, or its first bytes), then more.
+
+    Runs in a thread: it reads the server's state (a deque's length, a dict's keys) to
+    know when the server has done each step, not a fixed time.
+    """
+    peer = SlowPeer.open(server.ws_url("s1"))
+    wait_until_blocking(lambda: len(server.hub.connections) == 1, 30, "the connection")
+    [connection] = server.hub.connections.values()
     # Malformed frames: each earns a protocol error, none of which the peer reads yet.
     peer.send_text(b"{", BACKLOG_FRAMES)
-    time.sleep(0.3)  # the server answers them before it sees the refused frame
+    # The server answers them all before it sees the refused frame.
+    wait_until_blocking(
+        lambda: len(connection._error_times) == BACKLOG_FRAMES, 30, "the backlog answered"
+    )
     refused = peer.frame_bytes(payload)
     if whole:
         first, rest = refused, peer.frame_bytes(b"{}")
     else:
         first, rest = refused[:64], refused[64 : 64 + 16384]
     peer.send_raw(first)
-    time.sleep(0.3)  # the server refuses the frame before the rest arrives
+    # The server refuses the frame (the connection ends) before the rest arrives.
+    wait_until_blocking(
+        lambda: connection.id not in server.hub.connections, 30, "the frame refused"
+    )
     # A server that already reset the connection fails this send; the reading shows it.
     with contextlib.suppress(OSError):
         peer.send_raw(rest)
@@ -147,10 +163,9 @@ def refused_after_a_backlog(url: str, payload: bytes, whole: bool) -> tuple[list
 async def test_a_refused_frame_closes_with_a_close_frame(
     start_server: Any, payload: bytes, whole: bool, code: int
 ) -> None:
-    server = await start_server(flood_limit=10 * BACKLOG_FRAMES)
-    frames, reset = await asyncio.to_thread(
-        refused_after_a_backlog, server.ws_url("s1"), payload, whole
-    )
+    # No malformed frame of the backlog leaves the flood window while the test counts them.
+    server = await start_server(flood_limit=10 * BACKLOG_FRAMES, flood_window=3600.0)
+    frames, reset = await asyncio.to_thread(refused_after_a_backlog, server, payload, whole)
     replies = [f for f in frames if f.opcode is Opcode.TEXT]
     assert replies, "the backlog of protocol errors never arrived"
     assert close_code(frames) == code, f"no close frame ({len(replies)} replies, reset={reset})"

@@ -27,6 +27,9 @@ from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
 
+# Each test starts the server as OS processes: not in `make check`.
+pytestmark = pytest.mark.process
+
 
 @contextlib.asynccontextmanager
 async def processes(

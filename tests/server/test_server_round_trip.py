@@ -7,7 +7,6 @@ carries the output in its last assistant message.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from typing import Any
@@ -18,6 +17,7 @@ from server_harness import FakeBrowser, Response, settled, tool_spec
 from clienttools_server.__main__ import config_from_args
 from clienttools_server.app import RunningServer
 from clienttools_server.config import ServerConfig
+from tests.support.clock import ManualClock
 
 
 async def never(tool_input: dict[str, Any]) -> Any:
@@ -169,11 +169,14 @@ def test_cli_flags_reach_the_config() -> None:
 
 async def test_nothing_pending_after_a_round_trip(start_server: Any, open_browser: Any) -> None:
     """The call handed to the page leaves no pending call, timer or run behind."""
-    server = await start_server(client_tools="round-trip", tool_timeout=0.2)
+    clock = ManualClock()
+    server = await start_server(client_tools="round-trip", tool_timeout=0.2, clock=clock)
     tab = await open_browser(server)
     await tab.register([tool_spec("add")], handlers={"add": never})
     response = await tab.chat("call add {}")
     assert response.chunks[-1]["finishReason"] == "tool-calls"
-    await asyncio.sleep(0.3)  # past the tool timeout: nothing fires for the handed call
+    clock.advance(ServerConfig().max_tool_timeout + 1)  # past every timeout a call can have
+    # A response sent after the timers fired: a cancel they sent would arrive before it.
+    await tab.chat("hello", chat_id="after")
     assert "cf_agent_client_tool_cancel" not in [f["type"] for f in tab.inbox]
     await settled(server.hub)

@@ -27,11 +27,11 @@ from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.app import StaticDirs
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from clienttools_server.proxy import (
-    CALL_TRANSITIONS,
+    DELIVERY_TRANSITIONS,
     LATE_RESULT,
-    CallEvent,
-    CallState,
-    next_call_state,
+    DeliveryEvent,
+    DeliveryState,
+    next_delivery_state,
 )
 from clienttools_server.schema import OutputSchemas
 from clienttools_server.scripted import parse_call_line, scripted_model, words
@@ -283,21 +283,27 @@ async def test_wrong_path_is_not_a_chat(server: Any) -> None:
 
 
 def test_the_pending_call_table_settles_once_and_answers_every_late_result() -> None:
-    settled = {state for state, moves in CALL_TRANSITIONS.items() if not moves}
+    settled = {state for state, moves in DELIVERY_TRANSITIONS.items() if not moves}
     assert settled == set(LATE_RESULT) == {
-        CallState.APPLIED, CallState.SUPERSEDED, CallState.CLOSED,
+        DeliveryState.APPLIED, DeliveryState.SUPERSEDED, DeliveryState.CLOSED,
     }  # fmt: skip
-    for state, moves in CALL_TRANSITIONS.items():
+    for state, moves in DELIVERY_TRANSITIONS.items():
         if state in settled:
             continue
         # Every unsettled state can be settled in each of the three ways, and only there.
-        assert {moves[e] for e in (CallEvent.RESULT, CallEvent.OUTSIDE, CallEvent.SERVER)} == (
-            settled
-        )
-        assert moves[CallEvent.DELIVER] is CallState.DELIVERED
-    assert CALL_TRANSITIONS[CallState.ORPHANED][CallEvent.NO_PAGE] is CallState.ORPHANED
-    assert CALL_TRANSITIONS[CallState.DELIVERED][CallEvent.NO_PAGE] is CallState.WAITING
+        assert {
+            moves[e] for e in (DeliveryEvent.RESULT, DeliveryEvent.OUTSIDE, DeliveryEvent.SERVER)
+        } == (settled)
+        assert moves[DeliveryEvent.DELIVER] is DeliveryState.DELIVERED
+    assert (
+        DELIVERY_TRANSITIONS[DeliveryState.ORPHANED][DeliveryEvent.NO_PAGE]
+        is DeliveryState.ORPHANED
+    )
+    assert (
+        DELIVERY_TRANSITIONS[DeliveryState.DELIVERED][DeliveryEvent.NO_PAGE]
+        is DeliveryState.WAITING
+    )
     with pytest.raises(RuntimeError, match="'applied' cannot take event 'result'"):
-        next_call_state(CallState.APPLIED, CallEvent.RESULT)
-    assert LATE_RESULT[CallState.APPLIED] == "duplicate"
-    assert LATE_RESULT[CallState.SUPERSEDED] == LATE_RESULT[CallState.CLOSED] == "stale"
+        next_delivery_state(DeliveryState.APPLIED, DeliveryEvent.RESULT)
+    assert LATE_RESULT[DeliveryState.APPLIED] == "duplicate"
+    assert LATE_RESULT[DeliveryState.SUPERSEDED] == LATE_RESULT[DeliveryState.CLOSED] == "stale"

@@ -84,6 +84,7 @@ def test_a_bad_flag_value_is_one_line(
     assert says in line and line.endswith("(see clienttools-server --help)"), line
 
 
+@pytest.mark.process
 def test_the_command_with_a_bad_flag_value_prints_one_line() -> None:
     assert start("--port", "99999") == (
         "clienttools-server: argument --port: must be 0 to 65535 (0 picks a free one), "
@@ -91,6 +92,7 @@ def test_the_command_with_a_bad_flag_value_prints_one_line() -> None:
     )
 
 
+@pytest.mark.process
 def test_a_port_in_use_is_one_line(listening: int) -> None:
     line = start("--port", str(listening))
     assert line == (
@@ -99,6 +101,7 @@ def test_a_port_in_use_is_one_line(listening: int) -> None:
     )
 
 
+@pytest.mark.process
 def test_a_host_that_is_not_this_machine_is_one_line() -> None:
     line = start("--port", "0", "--host", "192.0.2.1")  # TEST-NET-1: nobody's address
     assert "--host 192.0.2.1: not an address of this machine" in line
@@ -106,6 +109,7 @@ def test_a_host_that_is_not_this_machine_is_one_line() -> None:
         check_listen("no-such-host.invalid", 0)
 
 
+@pytest.mark.process
 def test_a_missing_static_directory_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     assert start("--port", "0", "--static", str(tmp_path / "gone")) == (
@@ -116,6 +120,7 @@ def test_a_missing_static_directory_is_one_line(tmp_path: Path) -> None:
     assert str(refused.value) == f"--static {tmp_path / 'file'}: not a directory"
 
 
+@pytest.mark.process
 def test_a_sqlite_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     where = tmp_path / "no-such-dir" / "ledger.sqlite3"
     line = start("--port", "0", "--db", str(where))
@@ -127,6 +132,7 @@ def test_a_sqlite_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None
         await_check(ServerConfig(port=0, db=str(tmp_path)))  # a directory
 
 
+@pytest.mark.process
 def test_a_file_that_is_not_a_ledger_is_one_line(tmp_path: Path) -> None:
     junk = tmp_path / "notes.txt"
     junk.write_text("not a database, not at all, and long enough to have a header" * 10)
@@ -142,6 +148,7 @@ def test_a_file_that_is_not_a_ledger_is_one_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.process
 def test_a_postgresql_url_that_cannot_connect_is_one_line() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -158,6 +165,7 @@ def test_a_postgresql_url_that_cannot_connect_is_one_line() -> None:
         asyncio.run(check_ledger("postgresql://someone@[::1/x"))
 
 
+@pytest.mark.process
 def test_a_postgresql_database_that_does_not_exist_is_one_line(postgres: PostgresServer) -> None:
     url = postgres.url().replace("/postgres?", "/no_such_database?")
     line = start("--port", "0", "--db", url)

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.app import running_server
@@ -34,6 +36,9 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
+
+# Most of its tests start the server as OS processes: the file is not in `make check`.
+pytestmark = pytest.mark.process
 
 LEASE = 2.0
 TIMEOUT = 60.0

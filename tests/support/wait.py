@@ -8,6 +8,8 @@ async def finished() -> bool:
     return (await ledger.get_execution(run_id)).status == "completed"
 
 await wait_until(finished, 5, "the run to finish")
+
+From a thread that may block (a test's blocking socket), wait_until_blocking does the same.
 """
 
 from __future__ import annotations
@@ -37,3 +39,14 @@ async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
     if inspect.isawaitable(value):
         return bool(await value)
     return bool(value)
+
+
+def wait_until_blocking(
+    predicate: Callable[[], bool], timeout: float = 20.0, what: str = ""
+) -> None:
+    """:func:`wait_until` for a thread that may block: polls with time.sleep."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s in vain for {what or predicate}")
+        time.sleep(0.01)

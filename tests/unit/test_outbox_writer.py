@@ -7,10 +7,11 @@ import json
 from collections.abc import Callable
 
 from clienttools.client import ToolClient
-from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
+from clienttools.outbox import OutboxWriter
 from clienttools.session import Session
 from clienttools.tools import ToolRegistry
 from clienttools.transport import MemoryOutboxStore
+from tests.support.wait import wait_until
 
 
 class RecordingStore(MemoryOutboxStore):
@@ -80,9 +81,8 @@ async def test_results_are_written_at_once_and_acks_batched() -> None:
     answer(session, ack("r2"))
     writer.save_soon()
     assert len(store.saves) == 2
-    await asyncio.sleep(OUTBOX_SAVE_DELAY * 3)
-    assert stored_ids(store) == [], "the batched write came"
-    assert len(store.saves) == 3
+    await wait_until(lambda: len(store.saves) == 3, 5, "the batched write")
+    assert stored_ids(store) == [], "the batched write carries the ack"
     writer.cancel()
 
 

@@ -133,8 +133,8 @@ def test_protocol_hands_out_the_frame_models() -> None:
         p.NoSuchFrame  # noqa: B018
 
 
-# A page sends the tools frame before any other: what that needs is start-up time (cold
-# start in bench/README.md). Importing the SDK, registering a tool of plain parameters and
+# A page sends the tools frame before any other: what that needs is start-up time (the
+# SDK's share of cold start). Importing the SDK, registering a tool of plain parameters and
 # writing the frame make no frame model and import no pydantic TypeAdapter; the first
 # frame parsed makes the models, still without a TypeAdapter. In a fresh interpreter,
 # since this one has them all.
