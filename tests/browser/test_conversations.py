@@ -121,9 +121,7 @@ def test_reloads_and_a_second_tab_show_the_stored_conversation(
     # Reload after the answer: the same conversation, tool parts included.
     page.reload(timeout=LOAD_MS)
     _ready(page)
-    page.wait_for_function(
-        "JSON.parse(window.demoMessages()).length === 4", timeout=WAIT_MS
-    )
+    page.wait_for_function("JSON.parse(window.demoMessages()).length === 4", timeout=WAIT_MS)
     assert _messages(page) == after_mid_reload
     assert page.locator(".card[data-tool='long_task']").count() == 1
 
