@@ -12,9 +12,8 @@ used it first (H5); ``cf_agent_chat_clear`` is refused while a response
 streams (H4, the hub decides that).
 
     conversations = Conversations(ledger, clock, bus=None)
-    prepared = await conversations.prepare("session-1", send_frame)    # H1, H5, size
-    await conversations.started(prepared, execution.id)                # the history stored
-    recorder = conversations.recorder("session-1", execution.id, request)
+    prepared = await conversations.prepare("session-1", ...)           # H1, H5, size
+    recorder = conversations.recorder("session-1", execution.id, request, prepared)
     emit = recorder.through(log.append)                                # the run's chunks
     await recorder.close(final=True)                                   # H2: the final state
 """
@@ -302,15 +301,18 @@ class Conversations:
         kept = kept_prefix(stored.messages, texts) if stored is not None else 0
         return Prepared(session, chat_id, history, texts, kept)
 
-    async def started(self, prepared: Prepared, execution_id: str) -> None:
-        """Store the request's history once its run has started; announce it."""
-        await self._save(
-            prepared.chat_id, prepared.session, prepared.kept, prepared.texts[prepared.kept :],
-            streaming=execution_id,
-        )  # fmt: skip
+    def recorder(
+        self,
+        session: str,
+        execution_id: str,
+        request: RunRequest,
+        prepared: Prepared | None = None,
+    ) -> ResponseRecorder:
+        """The recorder of a run's answer; ``prepared``: the request's history, stored first.
 
-    def recorder(self, session: str, execution_id: str, request: RunRequest) -> ResponseRecorder:
-        return ResponseRecorder(self, session, execution_id, request)
+        A run replayed (a restart, a take-over) has its history stored already.
+        """
+        return ResponseRecorder(self, session, execution_id, request, prepared)
 
     async def _save(
         self, chat_id: str, session: str, keep: int, texts: Sequence[str], *, streaming: str | None
@@ -387,7 +389,12 @@ class ResponseRecorder:
     """
 
     def __init__(
-        self, conversations: Conversations, session: str, execution_id: str, request: RunRequest
+        self,
+        conversations: Conversations,
+        session: str,
+        execution_id: str,
+        request: RunRequest,
+        prepared: Prepared | None = None,
     ) -> None:
         self._conversations = conversations
         self._session = session
@@ -399,6 +406,15 @@ class ResponseRecorder:
         self._dirty = False
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        # The request's history goes first, on the writer, so the response's
+        # ``start`` does not wait for it and every later save comes after it.
+        self._history_texts: tuple[int, list[str]] | None = None
+        # A run replayed (a restart, a take-over) writes its whole history with the
+        # answer: whether the first process stored it before it went is not known.
+        self._replayed = prepared is None
+        if prepared is not None:
+            self._history_texts = (prepared.kept, prepared.texts[prepared.kept :])
+            self._writer = asyncio.get_running_loop().create_task(self._write())
 
     @property
     def message(self) -> UIMessage:
@@ -441,6 +457,12 @@ class ResponseRecorder:
                 self._builder.adopt(part)
 
     async def _write(self) -> None:
+        if self._history_texts is not None:
+            keep, texts = self._history_texts
+            self._history_texts = None
+            await self._conversations._save(
+                self._chat_id, self._session, keep, texts, streaming=self._execution_id
+            )
         while self._dirty:
             self._dirty = False
             await self._store(streaming=self._execution_id)
@@ -450,8 +472,12 @@ class ResponseRecorder:
         # A response that showed nothing (an error before its first part) leaves
         # no message, as on the page, which never places an empty one.
         texts = [canonical_json(message.to_wire())] if message.parts else []
+        keep = self._position
+        if self._replayed:
+            texts = [canonical_json(m) for m in self._history[: self._position]] + texts
+            keep = 0
         await self._conversations._save(
-            self._chat_id, self._session, self._position, texts, streaming=streaming
+            self._chat_id, self._session, keep, texts, streaming=streaming
         )
 
     async def close(self, *, final: bool) -> None:
@@ -459,8 +485,6 @@ class ResponseRecorder:
         a lease lost: the run goes on elsewhere, and stores the message there)."""
         self._closed = True
         writer = self._writer
-        if writer is not None and not final:
-            writer.cancel()
         try:
             if writer is not None:
                 try:

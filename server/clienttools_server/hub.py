@@ -58,7 +58,7 @@ from clienttools.protocol import (
 
 from .clock import SYSTEM_CLOCK, Clock, sleep
 from .config import ServerConfig
-from .conversations import OTHER_SESSION, Conversations, Refusal, ResponseRecorder
+from .conversations import OTHER_SESSION, Conversations, Prepared, Refusal, ResponseRecorder
 from .journal import ToolCall
 from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
@@ -665,10 +665,11 @@ class Hub:
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
             )
             return
-        await self.conversations.started(prepared, execution.id)
         log = ChunkLog(frame.id)
         log.subscribe(frame.request_id, client.id, client.send, after=None)
-        await self._launch(execution.id, client.session, request, log, fresh=True)
+        await self._launch(
+            execution.id, client.session, request, log, fresh=True, prepared=prepared
+        )
 
     async def _launch(
         self,
@@ -678,6 +679,7 @@ class Hub:
         log: ChunkLog | None = None,
         *,
         fresh: bool = False,
+        prepared: Prepared | None = None,
     ) -> None:
         if log is None:
             log = await self._resumed_log(execution_id, request.chat_id)
@@ -686,7 +688,7 @@ class Hub:
         session = self._session(session_name)
         session.logs[request.chat_id] = log
         # H2: the response's message is stored however the run goes (a replay too).
-        recorder = self.conversations.recorder(session_name, execution_id, request)
+        recorder = self.conversations.recorder(session_name, execution_id, request, prepared)
         run = Run(
             execution_id, request, self.ledger, self.agent, self.model,
             SessionTools(session_name, self.session_specs, self.browser, self.approvals),
