@@ -382,6 +382,8 @@ async def test_reconnect_reregisters_and_resends_the_unacked_result(
     assert "r1" in client.session.outbox(), "still unacknowledged"
     await server.ack("r1")
     await wait_until(lambda: client.session.outbox() == {}, 2, "the ack to clear the outbox")
+    # "open" is reported by the supervisor's task, which may run after the ack is handled.
+    await wait_until(lambda: statuses[-1:] == ["open"], 2, "the status to be open again")
     assert statuses == ["connecting", "open", "reconnecting", "open"]
     server.connections[1].transport.abort()
     await server.next_frame("cf_agent_client_tools")
