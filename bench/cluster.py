@@ -130,7 +130,7 @@ async def _chat(ws: ClientConnection, chat_id: str, first: int, calls: int) -> b
         kind = reply.get("type")
         if kind == "chunk" and reply["chunk"].get("type") == "tool-output-available":
             outputs.add(reply["chunk"]["output"])
-        elif kind in ("end", "error"):
+        elif kind in ("end", "error", "cf_agent_protocol_error"):
             return kind == "end" and outputs == {first + k + 1 for k in range(calls)}
 
 
@@ -153,26 +153,28 @@ async def _client(
 ) -> list[float]:
     """One page and one chat socket of a session; the chats' latencies (s), timed after start."""
     registered = asyncio.Event()
+    # A chat id belongs to the session that first used it: each load's chats are its own.
+    tag = secrets.token_hex(4)
     page = asyncio.create_task(_page(page_url, f"load-{index}", registered))
     try:
         await asyncio.wait_for(registered.wait(), 60.0)
         async with connect(chat_url, max_size=None, compression=None) as ws:
             # Untimed: the registration reaches the chat's process (it may be another).
             for attempt in range(100):
-                if await _chat(ws, f"warm-{index}-{attempt}", 0, 1):
+                if await _chat(ws, f"warm-{tag}-{index}-{attempt}", 0, 1):
                     break
                 await asyncio.sleep(0.05)
             else:
                 raise RuntimeError(f"client {index}: the page's tool never reached the chat")
             for i in range(warmup):
-                if not await _chat(ws, f"warm-{index}-{i}", i * calls, calls):
+                if not await _chat(ws, f"warm-{tag}-{index}-{i}", i * calls, calls):
                     raise RuntimeError(f"client {index}: warm-up chat {i} without its outputs")
             gate.arrived()
             await gate.start.wait()
             latencies = []
             for i in range(chats):
                 began = time.perf_counter()
-                if not await _chat(ws, f"chat-{index}-{i}", i * calls, calls):
+                if not await _chat(ws, f"chat-{tag}-{index}-{i}", i * calls, calls):
                     raise RuntimeError(f"client {index}: chat {i} ended without its outputs")
                 latencies.append(time.perf_counter() - began)
             return latencies
