@@ -5,6 +5,7 @@
     python -m bench --runs 7 --out /tmp/bench --only browser
     python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
     python -m bench --only cluster  # server processes on one PostgreSQL (bench/cluster.py)
+    python -m bench --only idle     # 10,000 idle pages on one server process (bench/idle.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -27,7 +28,7 @@ from typing import Any
 from tests.support.postgres import PostgresUnavailable
 from tests.support.static import StaticServer
 
-from bench import bounded, cluster, peer, report, resolves
+from bench import bounded, cluster, idle, peer, report, resolves
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
 from bench.servermemory import measure as measure_server_memory
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         choices=ONLY,
         help="run only the browser figures, the server figures, the HTTP resolves, the peer, "
-        "or the cluster",
+        "the cluster or the idle pages",
     )
     parser.add_argument(
         "--time-limit",
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: What --only picks from.
-ONLY = ("browser", "server", "resolves", "peer", "cluster")
+ONLY = ("browser", "server", "resolves", "peer", "cluster", "idle")
 
 
 def _suite(args: argparse.Namespace, settings: Settings, budget: bounded.Budget) -> int:
@@ -257,6 +258,11 @@ def _suite(args: argparse.Namespace, settings: Settings, budget: bounded.Budget)
                 raise bounded.Failed(f"no PostgreSQL for the cluster figures: {exc}") from exc
             budget.say(f"skipping the cluster figures, no PostgreSQL: {exc}")
 
+    if args.only in (None, "idle"):
+        budget.step("idle pages on one server process (bench/idle.py)")
+        extra["idle"] = {}
+        idle.measure(idle.QUICK if args.quick else idle.Settings(), extra["idle"])
+
     sys.stdout.write(_write(args, settings, started, runs, extra, cut=False))
     return 0
 
@@ -298,6 +304,8 @@ def _write(
         markdown += "\n" + peer.markdown(extra["peer"])
     if "cluster" in extra:
         markdown += "\n" + cluster.markdown(extra["cluster"])
+    if extra.get("idle"):
+        markdown += "\n" + idle.markdown(extra["idle"])
     (args.out / "latest.md").write_text(markdown)
     return markdown
 

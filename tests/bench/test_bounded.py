@@ -30,6 +30,7 @@ ENTRY_POINTS = [
     ["bench.servermemory"],
     ["bench.peer"],
     ["bench.auth"],
+    ["bench.idle"],
 ]
 
 
@@ -64,6 +65,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(entry: list[str], bad: list[str]) -> 
         (["bench", "--only", "everything"], "invalid choice: 'everything'"),
         (["bench.fleet", "http://127.0.0.1:1/"], "not a ws:// or wss:// URL"),
         (["bench.ledgers", "--pool-sizes", "1,x"], "'x' is not an integer"),
+        (["bench.idle", "--pages", "5", "--holders", "6"], "more than the 5 pages"),
     ],
 )
 def test_a_bad_value_says_which_and_why(args: list[str], complaint: str) -> None:
