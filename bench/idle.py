@@ -299,10 +299,14 @@ async def _hold(pages: Pages) -> None:
 
 async def _back(pages: Pages, timeout: float) -> None:
     """After the restart: wait for every page and every held result's ack, then report."""
+    last = -1
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             while not (pages.all_registered.is_set() and pages.acked_at is not None):
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.5)
+                if len(pages.back_at) - last >= max(1, pages.count // 10):
+                    last = len(pages.back_at)
+                    _event(event="progress", registered=last, held=len(pages.unacked))
     back = sorted(pages.back_at.values())
     _event(
         event="back",
@@ -329,16 +333,20 @@ def _self() -> dict[str, float]:
 class LoadProcess:
     """`python -m bench.idle load` and its event lines (read on a thread, with timeouts)."""
 
-    def __init__(self, base_url: str, settings: Settings) -> None:
+    def __init__(self, base_url: str, settings: Settings, log: Path) -> None:
         spec = json.dumps({"url": base_url, "pages": settings.pages, "holders": settings.holders})
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.idle", "load", spec],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.log = log
+        # A file, not a pipe: the sockets' logging of 10,000 failed handshakes would fill a
+        # pipe nobody reads until the end, and block the load generator's event loop.
+        with log.open("ab") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench.idle", "load", spec],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -362,10 +370,11 @@ class LoadProcess:
                 budget.check()
                 continue
             if got is None:
-                stderr = self.process.stderr.read() if self.process.stderr else ""
+                stderr = self.log.read_text(errors="replace")
                 raise bounded.Failed(f"the load generator exited: {stderr.strip()[-1500:]}")
             if got.get("event") == "progress":
-                budget.say(f"  {got['registered']:,} pages registered")
+                held = f", {got['held']} held results unacknowledged" if "held" in got else ""
+                budget.say(f"  {got['registered']:,} pages registered{held}")
             elif got.get("event") == event:
                 return got
 
@@ -403,7 +412,7 @@ def measure(settings: Settings, partial: dict[str, Any] | None = None) -> dict[s
             rss_before = rss_bytes(pid)
             base_url = f"ws://127.0.0.1:{server.port}/agents/chat"
             budget.step(f"connect and register {settings.pages:,} pages")
-            load = LoadProcess(base_url, settings)
+            load = LoadProcess(base_url, settings, Path(tmp) / "load.log")
             registered = load.wait_for("registered", budget.timeout(600))
             out["connect_s"] = registered["s"]
             budget.step(f"settle {settings.settle_s:g} s, then {settings.window_s:g} s at rest")
