@@ -65,8 +65,8 @@ from clienttools.rules import backoff
 ROOT = Path(__file__).resolve().parent.parent
 #: Loopback source addresses the pages connect from (28k ephemeral ports each).
 SOURCES = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
-#: Pages connecting at once while they first come up (a restart has no such gate).
-CONNECTING_AT_ONCE = 100
+#: Handshakes in flight at once in the load generator (its event loop is the limit).
+CONNECTING_AT_ONCE = 200
 #: File descriptors beyond one per page (the ledger, logs, the interpreter's own).
 FD_MARGIN = 200
 GOAL_BYTES_PER_PAGE = 50_000
@@ -175,15 +175,19 @@ async def _page(pages: Pages, index: int, url: str, gate: asyncio.Semaphore) -> 
     connected_once = False
     while True:
         try:
-            if connected_once:
+            # A page has a CPU of its own; these N pages share one event loop. Past a
+            # few hundred handshakes in flight they starve each other into timeouts and
+            # retry forever, so the handshakes in flight at once are capped (first wave
+            # and reconnects alike): what is timed is the server, not this loop.
+            async with gate:
                 ws = await connect(
-                    url, local_addr=(source, 0), ping_interval=None, compression=None
+                    url,
+                    local_addr=(source, 0),
+                    ping_interval=None,
+                    compression=None,
+                    proxy=None,  # no proxy lookup per connection: it scans the environment
+                    open_timeout=30,
                 )
-            else:  # the first wave is gated, so the server's accept queue keeps up
-                async with gate:
-                    ws = await connect(
-                        url, local_addr=(source, 0), ping_interval=None, compression=None
-                    )
             connected_once = True
             async with ws:
                 if index < pages.holders:
@@ -304,7 +308,7 @@ async def _back(pages: Pages, timeout: float) -> None:
         async with asyncio.timeout(timeout):
             while not (pages.all_registered.is_set() and pages.acked_at is not None):
                 await asyncio.sleep(0.5)
-                if len(pages.back_at) - last >= max(1, pages.count // 10):
+                if len(pages.back_at) - last >= max(1, pages.count // 10) or last < 0:
                     last = len(pages.back_at)
                     _event(event="progress", registered=last, held=len(pages.unacked))
     back = sorted(pages.back_at.values())
