@@ -139,6 +139,8 @@ async def run(url: str, clients: int, invokes: int) -> dict[str, Any]:
     await asyncio.wait(
         [failed, asyncio.ensure_future(gate.registered.wait())], return_when=asyncio.FIRST_COMPLETED
     )
+    if failed.done():  # a client failed before every one registered: say why, not "registered"
+        await asyncio.gather(*tasks)
     budget = bounded.current()
     budget.step(f"{clients} pages registered; {clients * invokes} chats")
     started = time.perf_counter()

@@ -142,3 +142,10 @@ def test_timeout_is_what_is_left_plus_the_grace_never_more_than_the_cap() -> Non
     assert budget.timeout(5) == 5
     assert 10 < budget.timeout(1000) <= 10 + bounded.GRACE_S
     assert bounded.Budget("test", None).timeout(1000) == 1000
+
+
+def test_a_server_that_is_not_there_is_one_line_and_exit_1() -> None:
+    done = _run("bench.fleet", "ws://127.0.0.1:1/agents/chat", "--clients", "2")
+    assert done.returncode == bounded.EXIT_FAILED
+    assert "python -m bench.fleet: cannot reach ws://127.0.0.1:1/agents/chat" in done.stderr
+    assert "registered" not in done.stderr and "Traceback" not in done.stderr
