@@ -130,7 +130,7 @@ class Budget:
     def step(self, what: str, done: int | None = None, total: int | None = None) -> None:
         """Say what comes next ("what n/N"); raise `Cut` if the limit has been reached."""
         counted = f" {done}/{total}" if done is not None and total is not None else ""
-        self.last_step = f"{what}{counted}"
+        self.last_step = f"{what.strip()}{counted}"
         if self.limit_s is not None and self.elapsed() >= self.limit_s:
             raise Cut(self.last_step)
         self.say(self.last_step)
