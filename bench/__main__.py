@@ -78,9 +78,13 @@ def _rotate(items: tuple[str, ...], by: int) -> list[str]:
     return list(items[by:] + items[:by])
 
 
-def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dict[str, Any]]:
-    """Figures 1-4 for one run: cold and warm starts, then invokes on the three loaded pages."""
-    out: dict[str, dict[str, Any]] = {}
+def browser_run(
+    browser: Browser, settings: Settings, run: int, out: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Figures 1-4 for one run: cold and warm starts, then invokes on the three loaded pages.
+
+    `out` fills as each figure is measured (what a run cut by the time limit has)."""
+    out = {} if out is None else out
     loaded: dict[str, LoadedPage] = {}
     contexts = []
     try:
@@ -153,9 +157,11 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
     return out
 
 
-def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
+def server_run(
+    settings: Settings, run: int, out: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """Figure 5 for one run: ledger on and ledger off, in alternating order; figure 6 once."""
-    out: dict[str, dict[str, Any]] = {}
+    out = {} if out is None else out
     budget = bounded.current()
     for number, name in enumerate(_rotate(("ledger_on", "ledger_off"), run), 1):
         budget.step(f"  run {run + 1}: {settings.fleet_clients} pages, {name}", number, 2)
@@ -227,7 +233,7 @@ def _suite(args: argparse.Namespace, settings: Settings, budget: bounded.Budget)
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
                 for run in range(settings.runs):
                     budget.step("browser run", run + 1, settings.runs)
-                    runs[run].update(browser_run(browser, settings, run))
+                    browser_run(browser, settings, run, runs[run])
         finally:
             static.stop()
     if args.only in (None, "resolves"):
@@ -239,7 +245,7 @@ def _suite(args: argparse.Namespace, settings: Settings, budget: bounded.Budget)
     if args.only in (None, "server"):
         for run in range(settings.runs):
             budget.step("server run", run + 1, settings.runs)
-            runs[run].update(server_run(settings, run))
+            server_run(settings, run, runs[run])
 
     if args.only in (None, "peer"):
         budget.step("peer benchmark: RPC against the round trip")
