@@ -6,6 +6,7 @@
     python -m bench --only peer     # RPC against the AI SDK's round trip (bench/peer.py)
     python -m bench --only cluster  # server processes on one PostgreSQL (bench/cluster.py)
     python -m bench --only worker   # tools on the page against in a worker (bench/worker.py)
+    python -m bench --only idle     # 10,000 idle pages on one server process (bench/idle.py)
 
 Each run measures all pages (or both server set-ups) back to back, in an order
 that rotates from run to run, and ratios are taken within a run: on a shared,
@@ -28,7 +29,7 @@ from typing import Any
 from tests.support.postgres import PostgresUnavailable
 from tests.support.static import StaticServer
 
-from bench import cluster, peer, report, resolves
+from bench import bounded, cluster, idle, peer, report, resolves
 from bench import worker as worker_pages
 from bench.browser import Browser, LoadedPage, LoadGen
 from bench.serverload import measure as measure_server
@@ -79,9 +80,13 @@ def _rotate(items: tuple[str, ...], by: int) -> list[str]:
     return list(items[by:] + items[:by])
 
 
-def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dict[str, Any]]:
-    """Figures 1-4 for one run: cold and warm starts, then invokes on the three loaded pages."""
-    out: dict[str, dict[str, Any]] = {}
+def browser_run(
+    browser: Browser, settings: Settings, run: int, out: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Figures 1-4 for one run: cold and warm starts, then invokes on the three loaded pages.
+
+    `out` fills as each figure is measured (what a run cut by the time limit has)."""
+    out = {} if out is None else out
     loaded: dict[str, LoadedPage] = {}
     contexts = []
     try:
@@ -92,7 +97,9 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
         order = _rotate(("clienttools", "pydantic", "rawjs", "micropython"), run)
         order += [name for name in reversed(order) if name != "rawjs"]
         starts: dict[str, list[tuple[LoadedPage, LoadedPage]]] = {}
-        for name in order:
+        budget = bounded.current()
+        for number, name in enumerate(order, 1):
+            budget.step(f"  run {run + 1}: cold and warm start of {name}", number, len(order))
             context = browser.new_context()
             contexts.append(context)
             cold = browser.load(context, name, f"{name}-cold-{run}-{len(contexts)}")
@@ -116,7 +123,8 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
                 cold_marks=[cold.marks for cold, _ in pairs],
                 warm_marks=[warm.marks for _, warm in pairs],
             )
-        for name in _rotate(INVOKE_PAGES, run):
+        for number, name in enumerate(_rotate(INVOKE_PAGES, run), 1):
+            budget.step(f"  run {run + 1}: invokes on {name}", number, len(INVOKE_PAGES))
             page = loaded[name]
             figures = out.setdefault(name, {})
             # Figure 1, then figure 2.
@@ -151,15 +159,20 @@ def browser_run(browser: Browser, settings: Settings, run: int) -> dict[str, dic
     return out
 
 
-def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
+def server_run(
+    settings: Settings, run: int, out: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """Figure 5 for one run: ledger on and ledger off, in alternating order; figure 6 once."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in _rotate(("ledger_on", "ledger_off"), run):
+    out = {} if out is None else out
+    budget = bounded.current()
+    for number, name in enumerate(_rotate(("ledger_on", "ledger_off"), run), 1):
+        budget.step(f"  run {run + 1}: {settings.fleet_clients} pages, {name}", number, 2)
         out[name] = measure_server(
             name == "ledger_on", settings.fleet_clients, settings.fleet_invokes
         )
     if run == 0:
         # Figure 6 is about growth over one long stretch, not a ratio: once is enough.
+        budget.step(f"  run {run + 1}: server memory over {settings.memory_chats} chats")
         out["server_memory"] = measure_server_memory(
             settings.memory_chats,
             warmup=settings.memory_chats_warmup,
@@ -168,30 +181,51 @@ def server_run(settings: Settings, run: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: The default --time-limit (s): the full suite takes about an hour on a quiet 2-core machine.
+TIME_LIMIT_S, QUICK_TIME_LIMIT_S = 2 * 3600.0, 900.0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser = bounded.Parser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke version: tiny N, one run")
-    parser.add_argument("--runs", type=int, help="runs of every figure (default 5; quick 1)")
+    parser.add_argument(
+        "--runs", type=bounded.positive_int, help="runs of every figure (default 5; quick 1)"
+    )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
     parser.add_argument(
         "--only",
-        choices=("browser", "server", "resolves", "peer", "cluster", "worker"),
+        choices=ONLY,
         help="run only the browser figures, the server figures, the HTTP resolves, the peer, "
-        "the cluster or the worker pages",
+        "the cluster, the worker pages or the idle pages",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=bounded.positive_float,
+        metavar="SECONDS",
+        help=f"stop after this long, print what was measured and exit {bounded.EXIT_CUT} "
+        f"(default {TIME_LIMIT_S:g}; quick {QUICK_TIME_LIMIT_S:g})",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
     if args.runs is not None:
-        if args.runs < 1:
-            parser.error("--runs must be at least 1")
         settings = replace(settings, runs=args.runs)
     if args.only in (None, "browser") and not (WEB / "pyodide.mjs").is_file():
         parser.error(f"{WEB} is missing: run `make web` (scripts/build_web.py) first")
+    limit = args.time_limit or (QUICK_TIME_LIMIT_S if args.quick else TIME_LIMIT_S)
+    return bounded.run(parser.prog, limit, lambda budget: _suite(args, settings, budget))
 
+
+#: What --only picks from.
+ONLY = ("browser", "server", "resolves", "peer", "cluster", "worker", "idle")
+
+
+def _suite(args: argparse.Namespace, settings: Settings, budget: bounded.Budget) -> int:
     started = time.time()
     runs: list[dict[str, dict[str, Any]]] = [{} for _ in range(settings.runs)]
+    extra: dict[str, Any] = {}
+    budget.partial = lambda: _write(args, settings, started, runs, extra, cut=True)
     if args.only in (None, "browser"):
         dirs = {"/": PAGES_DIR, "/pyodide/": WEB}
         for name in ("pyscript", "micropython"):  # the MicroPython page: PyScript, its flavour
@@ -200,60 +234,74 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
                 for run in range(settings.runs):
-                    _progress(f"browser run {run + 1}/{settings.runs}")
-                    runs[run].update(browser_run(browser, settings, run))
+                    budget.step("browser run", run + 1, settings.runs)
+                    browser_run(browser, settings, run, runs[run])
         finally:
             static.stop()
     if args.only in (None, "resolves"):
-        _progress(f"{settings.resolves_n} concurrent HTTP resolves")
+        budget.step(f"{settings.resolves_n} concurrent HTTP resolves")
         resolved = resolves.measure(settings.resolves_n)
+        extra["resolves"] = resolved
         if not resolved["exactly_once"]:
-            raise SystemExit(f"bench: resolves were not applied exactly once: {resolved}")
-    else:
-        resolved = None
+            raise bounded.Failed(f"resolves were not applied exactly once: {resolved}")
     if args.only in (None, "server"):
         for run in range(settings.runs):
-            _progress(f"server run {run + 1}/{settings.runs}")
-            runs[run].update(server_run(settings, run))
+            budget.step("server run", run + 1, settings.runs)
+            server_run(settings, run, runs[run])
 
-    peer_result = None
     if args.only in (None, "peer"):
-        _progress("peer benchmark: RPC against the round trip")
-        peer_result = peer.measure(peer.QUICK if args.quick else peer.PeerSettings())
+        budget.step("peer benchmark: RPC against the round trip")
+        extra["peer"] = peer.measure(peer.QUICK if args.quick else peer.PeerSettings())
 
-    cluster_result: dict[str, Any] | None = None
     if args.only in (None, "cluster"):
         # Its own runs (3; quick 1) unless --runs says otherwise: a run is 2 x 3 set-ups.
         cluster_settings = cluster.QUICK if args.quick else cluster.Settings()
         if args.runs is not None:
             cluster_settings = replace(cluster_settings, runs=args.runs)
-        _progress("server processes on one PostgreSQL (bench/cluster.py)")
+        budget.step("server processes on one PostgreSQL (bench/cluster.py)")
         try:
-            cluster_result = cluster.measure(cluster_settings)
+            extra["cluster"] = cluster.measure(cluster_settings)
         except PostgresUnavailable as exc:
             if args.only == "cluster":
-                raise SystemExit(f"bench: no PostgreSQL for the cluster figures: {exc}") from exc
-            _progress(f"skipping the cluster figures, no PostgreSQL: {exc}")
+                raise bounded.Failed(f"no PostgreSQL for the cluster figures: {exc}") from exc
+            budget.say(f"skipping the cluster figures, no PostgreSQL: {exc}")
 
-    worker_result: dict[str, Any] | None = None
     if args.only in (None, "worker"):
         # Its own runs (3; quick 1) unless --runs says otherwise: a run loads four pages.
         worker_settings = worker_pages.QUICK if args.quick else worker_pages.Settings()
         if args.runs is not None:
             worker_settings = replace(worker_settings, runs=args.runs)
-        _progress("tools on the page against tools in a PyScript worker (bench/worker.py)")
-        worker_result = worker_pages.measure(worker_settings)
+        budget.step("tools on the page against tools in a PyScript worker (bench/worker.py)")
+        extra["worker"] = worker_pages.measure(worker_settings)
 
-    results = report.summarize(runs)
-    if peer_result is not None:
-        results["peer"] = peer_result
-    if cluster_result is not None:
-        results["cluster"] = cluster_result
-    if worker_result is not None:
-        results["worker"] = worker_result
+    if args.only in (None, "idle"):
+        budget.step("idle pages on one server process (bench/idle.py)")
+        extra["idle"] = {}
+        idle.measure(idle.QUICK if args.quick else idle.Settings(), extra["idle"])
+
+    sys.stdout.write(_write(args, settings, started, runs, extra, cut=False))
+    return 0
+
+
+def _write(
+    args: argparse.Namespace,
+    settings: Settings,
+    started: float,
+    runs: list[dict[str, dict[str, Any]]],
+    extra: dict[str, Any],
+    *,
+    cut: bool,
+) -> str:
+    """Write results/latest.{json,md} from what was measured; the markdown."""
+    done = [run for run in runs if run] if cut else runs
+    results = report.summarize(done)
+    results.update(
+        {key: extra[key] for key in ("peer", "cluster", "worker", "idle") if key in extra}
+    )
     results["meta"] = {
         "settings": asdict(settings),
         "quick": args.quick,
+        "cut_by_time_limit": cut,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 1),
         "cpus": os.cpu_count(),
@@ -261,27 +309,25 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
     }
     results["runs"] = runs
-    if resolved is not None:
-        results["resolves"] = resolved
+    if "resolves" in extra:
+        results["resolves"] = extra["resolves"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = report.markdown(results)
-    if resolved is not None:
-        markdown += "\n" + resolves.markdown(resolved)
-    if peer_result is not None:
-        markdown += "\n" + peer.markdown(peer_result)
-    if cluster_result is not None:
-        markdown += "\n" + cluster.markdown(cluster_result)
-    if worker_result is not None:
-        markdown += "\n" + worker_pages.markdown(worker_result)
+    if cut:
+        markdown += "\n**Cut by the time limit: the figures above are partial.**\n"
+    if "resolves" in extra:
+        markdown += "\n" + resolves.markdown(extra["resolves"])
+    if "peer" in extra:
+        markdown += "\n" + peer.markdown(extra["peer"])
+    if "cluster" in extra:
+        markdown += "\n" + cluster.markdown(extra["cluster"])
+    if "worker" in extra:
+        markdown += "\n" + worker_pages.markdown(extra["worker"])
+    if extra.get("idle"):
+        markdown += "\n" + idle.markdown(extra["idle"])
     (args.out / "latest.md").write_text(markdown)
-    sys.stdout.write(markdown)
-    return 0
-
-
-def _progress(message: str) -> None:
-    sys.stderr.write(f"bench: {message}\n")
-    sys.stderr.flush()
+    return markdown
 
 
 if __name__ == "__main__":

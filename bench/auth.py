@@ -19,10 +19,12 @@ import asyncio
 import hashlib
 import hmac
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import bounded
 from clienttools_server.auth import Access, Principal, mint_token, verify_token
 from clienttools_server.ledger import SqliteLedger
 
@@ -63,27 +65,44 @@ async def _owners(n: int, run: int, directory: Path) -> tuple[float, float]:
         return timings[0], timings[1]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.auth", description=__doc__)
-    parser.add_argument("--n", type=int, default=2000, help="calls per run (default: 2000)")
-    parser.add_argument("--runs", type=int, default=3, help="runs (default: 3)")
+def main(argv: list[str] | None = None) -> int:
+    parser = bounded.Parser(prog="python -m bench.auth", description=__doc__)
+    parser.add_argument(
+        "--n", type=bounded.positive_int, default=2000, help="calls per run (default: 2000)"
+    )
+    parser.add_argument("--runs", type=bounded.positive_int, default=3, help="runs (default: 3)")
+    parser.add_time_limit(default=300)
     args = parser.parse_args(argv)
+    return bounded.run(parser.prog, args.time_limit, lambda budget: _body(args, budget))
+
+
+def _body(args: argparse.Namespace, budget: bounded.Budget) -> int:
     bare: list[float] = []
     verify: list[float] = []
     first: list[float] = []
     again: list[float] = []
+
+    def table() -> str:
+        rows = (
+            ("one bare HMAC-SHA256:             ", bare),
+            ("verify_token:                     ", verify),
+            ("allows, first use (read + insert):", first),
+            ("allows, again (owner cached):     ", again),
+        )
+        return "".join(f"{label} {_per_call(runs)}\n" for label, runs in rows if runs)
+
+    budget.partial = table
     with tempfile.TemporaryDirectory() as directory:
         for index in range(args.runs):
+            budget.step("run", index + 1, args.runs)
             bare.append(_hmac(args.n * 5))
             verify.append(_verify(args.n * 5))
             claimed, cached = asyncio.run(_owners(args.n, index, Path(directory)))
             first.append(claimed)
             again.append(cached)
-    print(f"one bare HMAC-SHA256:              {_per_call(bare)}")
-    print(f"verify_token:                      {_per_call(verify)}")
-    print(f"allows, first use (read + insert): {_per_call(first)}")
-    print(f"allows, again (owner cached):      {_per_call(again)}")
+    sys.stdout.write(table())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,13 +35,11 @@ and the report gives median [min..max] over runs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import random
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +55,7 @@ from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench import bounded
 from bench.ledgers import _children, _postmaster_pid, _tree_cpu
 from bench.serverload import _cpu_seconds
 
@@ -319,7 +318,8 @@ def run_load(
     )
     marks: dict[str, Sample] = {}
     lines: list[str] = []
-    watchdog = threading.Timer(LOAD_TIMEOUT_S, load.kill)  # a hung load ends the run
+    limit = bounded.current().timeout(LOAD_TIMEOUT_S)
+    watchdog = threading.Timer(limit, load.kill)  # a hung load ends the run
     watchdog.start()
     try:
         assert load.stdout is not None
@@ -329,7 +329,7 @@ def run_load(
                 marks[line] = servers.cpu()
             else:
                 lines.append(line)
-        load.wait(timeout=LOAD_TIMEOUT_S)
+        load.wait(timeout=limit)
     finally:
         watchdog.cancel()
         if load.poll() is None:
@@ -379,7 +379,8 @@ def latency_run(
     out: dict[str, dict[str, Any]] = {}
     with Servers(postgres, 2, directory) as servers:
         order = ["within", "across"] if run % 2 == 0 else ["across", "within"]
-        for placement in order:
+        for number, placement in enumerate(order, 1):
+            bounded.current().step(f"run {run + 1}: a call {placement} processes", number, 2)
             session = f"lat-{placement}-{run}"
             page = servers.url(0 if placement == "within" else 1, session)
             pairs = [(page, servers.url(0, session))]
@@ -405,7 +406,9 @@ def throughput_run(
     """Figure 2: 1, 2 and 3 processes, pages and chats placed at random; and 3 with
     every session's page and chat on one process (a sticky balancer), for comparison."""
     out: dict[str, dict[str, Any]] = {}
-    for name, count, placement in SETUPS[run % len(SETUPS) :] + SETUPS[: run % len(SETUPS)]:
+    setups = SETUPS[run % len(SETUPS) :] + SETUPS[: run % len(SETUPS)]
+    for number, (name, count, placement) in enumerate(setups, 1):
+        bounded.current().step(f"run {run + 1}: throughput, {name}", number, len(setups))
         rng = random.Random(settings.seed + run)
         with Servers(postgres, count, directory) as servers:
             pairs = []
@@ -537,25 +540,38 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(settings: Settings) -> dict[str, Any]:
-    """Every run of both figures on one PostgreSQL; raw runs, summary and meta."""
+def measure(
+    settings: Settings, runs: list[dict[str, dict[str, Any]]] | None = None
+) -> dict[str, Any]:
+    """Every run of both figures on one PostgreSQL; raw runs, summary and meta.
+
+    `runs` fills with each run as it completes (what a cut run has measured)."""
     started = time.time()
+    runs = [] if runs is None else runs
+    budget = bounded.current()
+    budget.step("start PostgreSQL")
     postgres = PostgresServer.start()
-    runs: list[dict[str, dict[str, Any]]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="clienttools-bench-cluster-") as tmp:
             for run in range(settings.runs):
+                budget.step("run", run + 1, settings.runs)
                 results = latency_run(postgres, settings, run, Path(tmp))
                 results |= throughput_run(postgres, settings, run, Path(tmp))
                 runs.append(results)
     finally:
         postgres.close()
+    return _results(settings, runs, started)
+
+
+def _results(
+    settings: Settings, runs: list[dict[str, dict[str, Any]]], started: float
+) -> dict[str, Any]:
     return {
         "summary": summarize(runs),
         "runs": runs,
         "meta": {
             "settings": asdict(settings),
-            "runs": settings.runs,
+            "runs": len(runs),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
             "cpus": os.cpu_count(),
@@ -565,8 +581,7 @@ def measure(settings: Settings) -> dict[str, Any]:
 
 
 def _progress(message: str) -> None:
-    sys.stderr.write(f"bench.cluster: {message}\n")
-    sys.stderr.flush()
+    bounded.current().say(message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -577,25 +592,39 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(load(pairs, spec["chats"], spec["calls"], spec["warmup"]))
         sys.stdout.write(json.dumps(result) + "\n")
         return 0
-    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__)
+    parser = bounded.Parser(prog="python -m bench.cluster", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke version: tiny N, one run")
-    parser.add_argument("--runs", type=int, help="runs of both figures (default 3; quick 1)")
+    parser.add_argument(
+        "--runs", type=bounded.positive_int, help="runs of both figures (default 3; quick 1)"
+    )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results", help="where results go"
     )
+    parser.add_time_limit(default=3600)
     parsed = parser.parse_args(args)
-    # Stopped from outside: unwind, so the servers and the PostgreSQL it started go too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = QUICK if parsed.quick else Settings()
     if parsed.runs is not None:
         settings = replace(settings, runs=parsed.runs)
-    results = measure(settings)
-    parsed.out.mkdir(parents=True, exist_ok=True)
-    (parsed.out / "cluster.json").write_text(json.dumps(results, indent=2) + "\n")
+    started = time.time()
+    done: list[dict[str, dict[str, Any]]] = []
+
+    def body(budget: bounded.Budget) -> int:
+        # A cut run shows the runs it completed (none yet: what the progress lines said).
+        budget.partial = lambda: (
+            _write(parsed.out, _results(settings, done, started)) if done else ""
+        )
+        sys.stdout.write(_write(parsed.out, measure(settings, done)))
+        return 0
+
+    return bounded.run(parser.prog, parsed.time_limit, body)
+
+
+def _write(out: Path, results: dict[str, Any]) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
-    (parsed.out / "cluster.md").write_text(table)
-    sys.stdout.write(table)
-    return 0
+    (out / "cluster.md").write_text(table)
+    return table
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ the tool's output came back in it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import secrets
@@ -26,6 +25,8 @@ import time
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
+
+from bench import bounded
 
 TOOL = {
     "name": "add",
@@ -41,8 +42,11 @@ TOOL = {
 class _Gate:
     """Counts registered clients; the timed chats start once every client registered."""
 
-    def __init__(self, clients: int) -> None:
+    def __init__(self, clients: int, invokes: int) -> None:
         self.waiting = clients
+        self.total = clients * invokes
+        self.done = 0
+        self.every = max(1, self.total // 10)  # a progress line per tenth of the chats
         self.registered = asyncio.Event()
         self.start = asyncio.Event()
 
@@ -75,6 +79,9 @@ async def _client(url: str, index: int, invokes: int, gate: _Gate) -> list[float
             if not await chat(ws, index, i):
                 raise RuntimeError(f"client {index}: chat {i} ended without the tool's output")
             latencies.append(time.perf_counter() - started)
+            gate.done += 1
+            if gate.done % gate.every == 0:
+                bounded.current().step("chats", gate.done, gate.total)
     return latencies
 
 
@@ -125,13 +132,17 @@ async def chat(ws: ClientConnection, index: int, i: int) -> bool:
 
 
 async def run(url: str, clients: int, invokes: int) -> dict[str, Any]:
-    gate = _Gate(clients)
+    gate = _Gate(clients, invokes)
     tasks = [asyncio.create_task(_client(url, i, invokes, gate)) for i in range(clients)]
     # Every client connects and registers first: the timed part is the chats only.
     failed = asyncio.ensure_future(asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION))
     await asyncio.wait(
         [failed, asyncio.ensure_future(gate.registered.wait())], return_when=asyncio.FIRST_COMPLETED
     )
+    if failed.done():  # a client failed before every one registered: say why, not "registered"
+        await asyncio.gather(*tasks)
+    budget = bounded.current()
+    budget.step(f"{clients} pages registered; {clients * invokes} chats")
     started = time.perf_counter()
     gate.start.set()
     per_client = await asyncio.gather(*tasks)
@@ -149,17 +160,29 @@ async def run(url: str, clients: int, invokes: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = bounded.Parser(prog="python -m bench.fleet", description=__doc__)
     parser.add_argument(
         "url", help="the server's chat URL without the session, e.g. ws://H:P/agents/chat"
     )
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--invokes", type=int, default=100)
-    args = parser.parse_args()
-    result = asyncio.run(run(args.url, args.clients, args.invokes))
-    sys.stdout.write(json.dumps(result) + "\n")
+    parser.add_argument("--clients", type=bounded.positive_int, default=100)
+    parser.add_argument("--invokes", type=bounded.positive_int, default=100)
+    parser.add_time_limit(default=600)
+    args = parser.parse_args(argv)
+    if not args.url.startswith(("ws://", "wss://")):
+        parser.error(f"url {args.url!r}: not a ws:// or wss:// URL")
+
+    def body(budget: bounded.Budget) -> int:
+        budget.step(f"{args.clients} pages connect to {args.url}")
+        try:
+            result = asyncio.run(run(args.url, args.clients, args.invokes))
+        except OSError as exc:
+            raise bounded.Failed(f"cannot reach {args.url}: {exc}") from exc
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+
+    return bounded.run(parser.prog, args.time_limit, body)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

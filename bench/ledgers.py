@@ -42,9 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.postgres import PostgresServer
+
+from bench import bounded
 from bench.serverload import ROOT, _cpu_seconds, _free_port, _wait_listening
 from clienttools_server.ledger_postgres import PostgresLedger
-from tests.support.postgres import PostgresServer
 
 
 def _children(pid: int) -> list[int]:
@@ -83,12 +85,20 @@ def measure(db: str, clients: int, chats: int, postgres: PostgresServer | None) 
         cpu_before = _cpu_seconds(server.pid)
         pg_before = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
         done = subprocess.run(
-            [sys.executable, "-m", "bench.fleet", f"ws://127.0.0.1:{port}/agents/chat"]
-            + ["--clients", str(clients), "--invokes", str(chats)],
+            [
+                sys.executable,
+                "-m",
+                "bench.fleet",
+                f"ws://127.0.0.1:{port}/agents/chat",
+                "--clients",
+                str(clients),
+                "--invokes",
+                str(chats),
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=bounded.current().timeout(900),
         )
         cpu_after = _cpu_seconds(server.pid)
         pg_after = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
@@ -169,58 +179,103 @@ async def pool_load(
 
 
 def pool_sizes(sizes: list[int], runs: int, tasks: int, chats: int) -> None:
-    postgres = PostgresServer.start()
+    budget = bounded.current()
     results: dict[int, list[dict[str, float]]] = {}
+    budget.partial = lambda: _pool_table(sizes, runs, tasks, chats, results)
+    budget.step("start PostgreSQL")
+    postgres = PostgresServer.start()
     try:
         postmaster = _postmaster_pid(postgres)
         for run in range(runs):
-            for size in sizes if run % 2 == 0 else sizes[::-1]:
+            for number, size in enumerate(sizes if run % 2 == 0 else sizes[::-1], 1):
+                budget.step(f"run {run + 1}/{runs}: pool of {size}", number, len(sizes))
                 url = postgres.fresh_url()
                 measured = asyncio.run(pool_load(url, size, tasks, chats, postmaster))
                 results.setdefault(size, []).append(measured)
                 print(f"{run}-pool-{size}", json.dumps(measured), file=sys.stderr, flush=True)
     finally:
         postgres.close()
-    print(f"{tasks} chats at once, {chats} chats per run, {runs} run(s); load {os.getloadavg()}")
-    print("| pool size | chats/s | chat p50 (ms) | chat p99 (ms) | CPU/chat here (ms) | "
-          "CPU/chat PostgreSQL (ms) |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    sys.stdout.write(_pool_table(sizes, runs, tasks, chats, results))
+
+
+def _pool_table(
+    sizes: list[int], runs: int, tasks: int, chats: int, results: dict[int, list[dict[str, float]]]
+) -> str:
+    lines = [
+        f"{tasks} chats at once, {chats} chats per run, {runs} run(s); load {os.getloadavg()}",
+        "| pool size | chats/s | chat p50 (ms) | chat p99 (ms) | CPU/chat here (ms) | "
+        "CPU/chat PostgreSQL (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
     for size in sizes:
-        rows = results[size]
+        rows = results.get(size)
+        if not rows:
+            continue
         cells = [
             _summary([r[key] for r in rows])
             for key in ("chats_per_s", "p50_ms", "p99_ms", "cpu_per_chat_ms",
                         "database_cpu_per_chat_ms")
         ]  # fmt: skip
-        print(f"| {size} | {' | '.join(cells)} |")
+        lines.append(f"| {size} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.ledgers", description=__doc__)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--chats", type=int, default=300, help="chats of the one page")
-    parser.add_argument("--pages", type=int, default=100)
-    parser.add_argument("--chats-per-page", type=int, default=20)
+def _table(results: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
+    lines = ["| figure | SQLite | PostgreSQL | ratio |", "|---|---|---|---|"]
+    for key, label, load in FIGURES:
+        sqlite = [r[key] for r in results.get(("sqlite", load), [])]
+        pg = [r[key] for r in results.get(("postgres", load), [])]
+        ratios = [p / s for p, s in zip(pg, sqlite, strict=False) if s]
+        cells = [_summary(v) if v else "n/a" for v in (sqlite, pg, ratios)]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pool_size_list(text: str) -> list[int]:
+    return [bounded.positive_int(size) for size in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bounded.Parser(prog="python -m bench.ledgers", description=__doc__)
+    parser.add_argument("--runs", type=bounded.positive_int, default=3)
     parser.add_argument(
-        "--pool-sizes", help="comma-separated: the ledger alone, by pool size (no server)"
+        "--chats", type=bounded.positive_int, default=300, help="chats of the one page"
     )
-    parser.add_argument("--tasks", type=int, default=100, help="with --pool-sizes: at once")
+    parser.add_argument("--pages", type=bounded.positive_int, default=100)
+    parser.add_argument("--chats-per-page", type=bounded.positive_int, default=20)
+    parser.add_argument(
+        "--pool-sizes",
+        type=_pool_size_list,
+        help="comma-separated: the ledger alone, by pool size (no server)",
+    )
+    parser.add_argument(
+        "--tasks", type=bounded.positive_int, default=100, help="with --pool-sizes: at once"
+    )
+    parser.add_time_limit(default=1800)
     args = parser.parse_args(argv)
+    return bounded.run(parser.prog, args.time_limit, lambda budget: _body(args, budget))
+
+
+def _body(args: argparse.Namespace, budget: bounded.Budget) -> int:
     if args.pool_sizes:
-        sizes = [int(size) for size in args.pool_sizes.split(",")]
-        pool_sizes(sizes, args.runs, args.tasks, args.chats)
-        return
-    postgres = PostgresServer.start()
+        pool_sizes(args.pool_sizes, args.runs, args.tasks, args.chats)
+        return 0
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    budget.partial = lambda: _table(results)
+    budget.step("start PostgreSQL")
+    postgres = PostgresServer.start()
     try:
         with tempfile.TemporaryDirectory(prefix="clienttools-bench-") as tmp:
             for run in range(args.runs):
                 stores = ["sqlite", "postgres"] if run % 2 == 0 else ["postgres", "sqlite"]
+                number = 0
                 for store in stores:
                     for load, clients, chats in (
                         ("1x", 1, args.chats),
                         ("100x", args.pages, args.chats_per_page),
                     ):
+                        number += 1
+                        budget.step(f"run {run + 1}/{args.runs}: {store}, {load}", number, 4)
                         where = f"{run}-{store}-{load}"
                         db = (
                             postgres.fresh_url()
@@ -234,15 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                         print(where, json.dumps(measured), file=sys.stderr, flush=True)
     finally:
         postgres.close()
-    print("| figure | SQLite | PostgreSQL | ratio |")
-    print("|---|---|---|---|")
-    for key, label, load in FIGURES:
-        sqlite = [r[key] for r in results[("sqlite", load)]]
-        pg = [r[key] for r in results[("postgres", load)]]
-        ratios = [p / s for p, s in zip(pg, sqlite, strict=True) if s]
-        ratio = _summary(ratios) if ratios else "n/a"
-        print(f"| {label} | {_summary(sqlite)} | {_summary(pg)} | {ratio} |")
+    sys.stdout.write(_table(results))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,7 +24,6 @@ one tool call, or three parallel calls; each page measures it with the same code
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -39,6 +38,7 @@ from tests.support.faultproxy import Rule, ThreadedFaultProxy, any_frame, jitter
 from tests.support.server_process import ServerProcess
 from tests.support.static import StaticServer
 
+from bench import bounded
 from bench.browser import launch_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,8 +231,14 @@ def measure(settings: PeerSettings, log_dir: Path | None = None) -> dict[str, An
     turns: dict[str, list[dict[str, Any]]] = {p: [] for p in PATTERNS}
     started = time.time()
     rounds = max(1, settings.turns // len(WORKS))
+    budget = bounded.current()
+    budget.step("start both servers, their proxies and both pages")
     with PeerRig(settings, log_dir) as rig:
         for i in range(rounds):
+            if i % 10 == 0:
+                budget.step("round", i + 1, rounds)
+            else:
+                budget.check()
             for w, kind in enumerate(WORKS):
                 text, expected = work(kind, i)
                 order = list(PATTERNS)
@@ -242,8 +248,6 @@ def measure(settings: PeerSettings, log_dir: Path | None = None) -> dict[str, An
                     record = rig.turn(pattern, text, expected)
                     record.update(work=kind, index=i)
                     turns[pattern].append(record)
-            if (i + 1) % 10 == 0:
-                _progress(f"peer: {i + 1}/{rounds} rounds")
         proxy_errors = rig.proxy_errors()
     figures: dict[str, Any] = {}
     for pattern, records in turns.items():
@@ -311,25 +315,27 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _progress(message: str) -> None:
-    sys.stderr.write(f"bench: {message}\n")
-    sys.stderr.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.peer", description=__doc__.split("\n")[0]
+    parser = bounded.Parser(prog="python -m bench.peer", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--turns", type=bounded.positive_int, default=PeerSettings.turns, help="turns per pattern"
     )
-    parser.add_argument("--turns", type=int, default=PeerSettings.turns, help="turns per pattern")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_time_limit(default=1800)
     args = parser.parse_args(argv)
-    result = measure(PeerSettings(turns=args.turns), log_dir=args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    (args.out / "peer.md").write_text(text)
-    sys.stdout.write(text)
-    return 0
+    if not (WEB / "pyodide" / "pyodide.mjs").is_file():
+        parser.error(f"{WEB / 'pyodide'} is missing: run `make web` first")
+
+    def body(budget: bounded.Budget) -> int:
+        result = measure(PeerSettings(turns=args.turns), log_dir=args.out)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
+        text = markdown(result)
+        (args.out / "peer.md").write_text(text)
+        sys.stdout.write(text)
+        return 0
+
+    return bounded.run(parser.prog, args.time_limit, body)
 
 
 if __name__ == "__main__":

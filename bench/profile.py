@@ -26,7 +26,6 @@ buys.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import secrets
@@ -35,7 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import bounded
+
 ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "build" / "web" / "pyodide"
 
 
 def _core(n: int) -> None:
@@ -77,12 +79,15 @@ def _core(n: int) -> None:
             session.next_deadline()
         return (time.perf_counter() - started) / n * 1e6
 
+    budget = bounded.current()
+    budget.step(f"{n} invokes without a profiler")
     sys.stdout.write(f"core: {drive():.1f} µs per invoke + ack (CPython, no profiler)\n")
     try:
         from pyinstrument import Profiler
     except ImportError:
         sys.stdout.write("pyinstrument is not installed: pip install pyinstrument\n")
         return
+    budget.step(f"{n} invokes under pyinstrument")
     profiler = Profiler(interval=0.0002)
     profiler.start()
     drive()
@@ -113,17 +118,22 @@ def _page(n: int) -> None:
         {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
     ).start()
     try:
+        budget = bounded.current()
         with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
+            budget.step("load the clienttools page", 1, 4)
             context = browser.new_context()
             page = browser.load(context, "clienttools", "profile")
             loadgen.call("pipelined", "profile", n=500, window=100)  # warm up
+            budget.step(f"{n} invokes without a profiler", 2, 4)
             plain = loadgen.call("pipelined", "profile", n=n, window=100)
             sys.stdout.write(f"page: {plain['per_s']:.0f} invokes/s without a profiler\n")
+            budget.step(f"{n} invokes under cProfile", 3, 4)
             page.page.evaluate("(code) => window.pyodide.runPython(code)", PROFILE_START)
             loadgen.call("pipelined", "profile", n=n, window=100)
             stats = page.page.evaluate("(code) => window.pyodide.runPython(code)", PROFILE_STOP)
             sys.stdout.write("\n--- Python under Pyodide (cProfile, by own time) ---\n")
             sys.stdout.write(str(stats))
+            budget.step(f"{n} invokes under the V8 sampling profiler", 4, 4)
             page.cdp.send("Profiler.enable")
             page.cdp.send("Profiler.setSamplingInterval", {"interval": 100})
             page.cdp.send("Profiler.start")
@@ -263,14 +273,13 @@ LOAD_AND_RUN = """async ([packages, timer, code]) => {
 def _start(
     n: int, dump: Path | None, marginal: bool, cprofile: bool, baseline: Path | None
 ) -> None:
-    import statistics
-
     from playwright.sync_api import sync_playwright
     from tests.support.static import StaticServer
 
     from bench.browser import launch_options
 
-    mounts = {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
+    budget = bounded.current()
+    mounts = {"/": ROOT / "bench" / "pages", "/pyodide/": WEB}
     if baseline is not None:
         mounts["/baseline/"] = baseline
     static = StaticServer(mounts).start()
@@ -279,19 +288,23 @@ def _start(
     )
     if baseline is not None:
         runs = {f"{name} (baseline)": [] for name in runs} | runs
+    budget.partial = lambda: _start_report(runs, dump)
+    total = n * len(runs)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(**launch_options())
             for i in range(n):
                 names = list(runs) if i % 2 == 0 else list(reversed(runs))
                 for key in names:
+                    budget.step(f"cold load of {key}", sum(map(len, runs.values())) + 1, total)
                     name, _, other = key.partition(" (")
                     index = "/baseline/" if other else "/pyodide/"
                     context = browser.new_context()
                     page = context.new_page()
                     page.goto(f"{static.url}/pyodide_only.html?index={index}", wait_until="commit")
                     page.wait_for_function(
-                        "window.__bench && window.__bench.status !== 'loading'", timeout=90_000
+                        "window.__bench && window.__bench.status !== 'loading'",
+                        timeout=budget.timeout(90) * 1000,
                     )
                     package = "clienttools" if name == "marginal" else name
                     code = (
@@ -300,40 +313,52 @@ def _start(
                         else START_CODE[name]
                     )
                     result = page.evaluate(LOAD_AND_RUN, [package, IMPORT_TIMER, code])
+                    result["sdk"] = result["import"] + result["register"] + result["frame"]
                     runs[key].append(result)
                     context.close()
+                    budget.say(
+                        f"  {key}: packages {result['packages']:.0f} ms, sdk {result['sdk']:.0f} ms"
+                    )
             browser.close()
     finally:
         static.stop()
+    sys.stdout.write(_start_report(runs, dump))
+
+
+def _start_report(runs: dict[str, list[dict[str, Any]]], dump: Path | None) -> str:
+    """The medians over the loads done so far (and every load to `dump`)."""
+    import statistics
+
     if dump is not None:
         dump.write_text(json.dumps(runs, indent=1))
-    out = sys.stdout
+    out: list[str] = []
     for name, results in runs.items():
-        out.write(f"\n--- {name}: median of {len(results)} cold loads (ms) ---\n")
-        for r in results:
-            r["sdk"] = r["import"] + r["register"] + r["frame"]
+        if not results:
+            out.append(f"\n--- {name}: no load finished ---\n")
+            continue
+        out.append(f"\n--- {name}: median of {len(results)} cold loads (ms) ---\n")
         for part in ("packages", "import", "register", "frame", "sdk", "gc", "ack"):
             values = [r.get(part, 0.0) for r in results]
             median = statistics.median(values)
-            out.write(f"{part:>9}: {median:7.1f}  [{min(values):.1f}..{max(values):.1f}]\n")
+            out.append(f"{part:>9}: {median:7.1f}  [{min(values):.1f}..{max(values):.1f}]\n")
         totals: dict[str, list[float]] = collections.defaultdict(list)
         owns: dict[str, list[float]] = collections.defaultdict(list)
         for r in results:
             for module, (total, own) in r["modules"].items():
                 totals[module].append(total)
                 owns[module].append(own)
-        out.write("modules by own time (median ms): own  total\n")
+        out.append("modules by own time (median ms): own  total\n")
         ranked = sorted(owns, key=lambda m: -statistics.median(owns[m]))
         for module in ranked[:40]:
             own, total = statistics.median(owns[module]), statistics.median(totals[module])
-            out.write(f"  {own:7.1f} {total:7.1f}  {module}\n")
-        out.write(f"  ({len(owns)} modules imported)\n")
+            out.append(f"  {own:7.1f} {total:7.1f}  {module}\n")
+        out.append(f"  ({len(owns)} modules imported)\n")
         if "profile" in results[-1]:
-            out.write(results[-1]["profile"])
+            out.append(results[-1]["profile"])
+    return "".join(out)
 
 
 def _roundtrip(rounds: int, n: int, pipelined_n: int, baseline: Path | None) -> None:
-    import statistics
 
     from tests.support.static import StaticServer
 
@@ -351,13 +376,19 @@ def _roundtrip(rounds: int, n: int, pipelined_n: int, baseline: Path | None) -> 
     }
     ratios: dict[str, list[float]] = collections.defaultdict(list)
     out = sys.stdout
+    budget = bounded.current()
+    budget.partial = lambda: _roundtrip_report(names, figures, ratios)
     try:
         with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
             context = browser.new_context()
-            pages = {name: browser.load(context, name, f"rt-{name}") for name in names}
-            for name in names:  # warm up: first-call caches, lazily built validators
+            pages = {}
+            for number, name in enumerate(names, 1):
+                budget.step(f"load and warm up the {name} page", number, len(names))
+                pages[name] = browser.load(context, name, f"rt-{name}")
+                # warm up: first-call caches, lazily built validators
                 loadgen.call("roundtrip", pages[name].session, n=200)
             for round_ in range(rounds):
+                budget.step("round", round_ + 1, rounds)
                 row: dict[str, dict[str, float]] = {}
                 by = round_ % len(names)
                 for name in names[by:] + names[:by]:
@@ -391,52 +422,91 @@ def _roundtrip(rounds: int, n: int, pipelined_n: int, baseline: Path | None) -> 
             context.close()
     finally:
         static.stop()
-    for name in names:
-        out.write(
-            f"{name:>12}: "
-            + "  ".join(
-                f"{key} {statistics.median(values):.0f} [{min(values):.0f}..{max(values):.0f}]"
-                for key, values in figures[name].items()
-            )
-            + "\n"
+    out.write(_roundtrip_report(names, figures, ratios))
+
+
+def _roundtrip_report(
+    names: tuple[str, ...],
+    figures: dict[str, dict[str, list[float]]],
+    ratios: dict[str, list[float]],
+) -> str:
+    """Medians and ranges over the rounds done so far."""
+    import statistics
+
+    if not ratios:
+        return "no round finished\n"
+    lines = [
+        f"{name:>12}: "
+        + "  ".join(
+            f"{key} {statistics.median(values):.0f} [{min(values):.0f}..{max(values):.0f}]"
+            for key, values in figures[name].items()
         )
-    out.write(
+        for name in names
+    ]
+    lines.append(
         "clienttools / bare (within each round): "
         + "  ".join(
             f"{key} {statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
             for key, values in ratios.items()
         )
-        + "\n"
     )
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("what", choices=("core", "page", "start", "roundtrip"))
-    parser.add_argument("--rounds", type=int, default=5, help="roundtrip: rounds of figures 1-2")
-    parser.add_argument("-n", type=int, default=3000, help="invokes to profile")
-    parser.add_argument("--json", type=Path, help="start: write every load's figures here")
-    parser.add_argument(
+def main(argv: list[str] | None = None) -> int:
+    parser = bounded.Parser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
+    parser.add_time_limit(default=900)
+    modes = parser.add_subparsers(dest="what", required=True, metavar="MODE",
+                                  parser_class=bounded.Parser)  # fmt: skip
+    core = modes.add_parser("core", help="pyinstrument on the sans-I/O core under CPython")
+    core.add_argument("-n", type=bounded.positive_int, default=3000, help="invokes to profile")
+    page = modes.add_parser("page", help="cProfile inside the page + a CDP CPU profile")
+    page.add_argument("-n", type=bounded.positive_int, default=3000, help="invokes to profile")
+    start = modes.add_parser("start", help="the SDK's start-up in Chromium, per cold load")
+    # --rounds: what a user tries first; a round of `start` is one cold load of each page.
+    start.add_argument("-n", "--loads", "--rounds", dest="loads", type=bounded.positive_int,
+                       default=5, help="cold loads of each page (default %(default)s)")  # fmt: skip
+    start.add_argument("--json", type=Path, help="write every load's figures here")
+    start.add_argument(
         "--marginal",
         action="store_true",
-        help="start: only what clienttools adds after pydantic + one model, in one page",
+        help="only what clienttools adds after pydantic + one model, in one page",
     )
-    parser.add_argument("--cprofile", action="store_true", help="start --marginal: cProfile it")
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        help="start, roundtrip: another build/web/pyodide (say, main's), measured beside this one",
-    )
-    args = parser.parse_args()
-    if args.what == "core":
-        _core(args.n)
-    elif args.what == "roundtrip":
-        _roundtrip(args.rounds, 2000, 5000, args.baseline)
-    elif args.what == "start":
-        _start(args.n, args.json, args.marginal, args.cprofile, args.baseline)
-    else:
-        _page(args.n)
+    start.add_argument("--cprofile", action="store_true", help="with --marginal: cProfile it")
+    roundtrip = modes.add_parser("roundtrip", help="figures 1 and 2 only, many rounds")
+    roundtrip.add_argument("--rounds", type=bounded.positive_int, default=5,
+                           help="rounds of figures 1-2 (default %(default)s)")  # fmt: skip
+    for sub in (start, roundtrip):
+        sub.add_argument(
+            "--baseline",
+            type=Path,
+            help="another build/web/pyodide (say, main's), measured beside this one",
+        )
+    for sub in (core, page, start, roundtrip):
+        # The limit is also accepted after the mode, where a user is likely to put it.
+        sub.add_time_limit(default=None)
+    args = parser.parse_args(argv)
+    if (
+        getattr(args, "baseline", None) is not None
+        and not (args.baseline / "pyodide.mjs").is_file()
+    ):
+        parser.error(f"--baseline {args.baseline}: no pyodide.mjs there")
+    if args.what in ("page", "start", "roundtrip") and not (WEB / "pyodide.mjs").is_file():
+        parser.error(f"{WEB} is missing: run `make web` first")
+
+    def body(budget: bounded.Budget) -> int:
+        if args.what == "core":
+            _core(args.n)
+        elif args.what == "roundtrip":
+            _roundtrip(args.rounds, 2000, 5000, args.baseline)
+        elif args.what == "start":
+            _start(args.loads, args.json, args.marginal, args.cprofile, args.baseline)
+        else:
+            _page(args.n)
+        return 0
+
+    return bounded.run(parser.prog, args.time_limit, body)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,7 +18,6 @@ the latency of a resolve with nothing queued ahead of it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import secrets
@@ -33,6 +32,8 @@ from typing import Any
 from tests.support.http import http_json
 from tests.support.server_process import ServerProcess
 from websockets.asyncio.client import connect
+
+from bench import bounded
 
 TOKEN = "bench-" + "t" * 16
 SESSION = "resolves"
@@ -71,7 +72,7 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 async def _pending_steps(port: int, n: int) -> list[tuple[str, int]]:
-    async with asyncio.timeout(120):
+    async with asyncio.timeout(bounded.current().timeout(120)):
         while True:
             steps: list[tuple[str, int]] = []
             cursor = ""
@@ -114,6 +115,8 @@ def _ledger_counts(db: Path) -> dict[str, int]:
 async def _measure(n: int, workdir: Path) -> dict[str, Any]:
     db = workdir / "ledger.sqlite3"
     server = ServerProcess(["--db", str(db), "--token", TOKEN], log=workdir / "server.log")
+    budget = bounded.current()
+    budget.step("start the server")
     await asyncio.to_thread(server.start)
     try:
         url = f"{server.ws_url(SESSION)}?token={TOKEN}"
@@ -127,19 +130,23 @@ async def _measure(n: int, workdir: Path) -> dict[str, Any]:
             await page.send(json.dumps(tools))
             reader = asyncio.create_task(_drain(page))
             alone = min(100, max(1, n // 10))
+            budget.step(f"{n + alone} chats that each wait for one call")
             for index in range(n + alone):
                 await page.send(_send_frame(index))
             steps = await _pending_steps(server.port, n + alone)
             assert len(steps) == n + alone, len(steps)
+            budget.step(f"{alone} resolves one at a time")
             sequential = []
             for execution_id, seq in steps[n:]:
                 sequential += await _resolve_all(server.port, [(execution_id, seq)])
             steps = steps[:n]
+            budget.step(f"{n} resolves at once, then again (each a duplicate)")
             started = time.perf_counter()
             first = await _resolve_all(server.port, steps)
             burst_s = time.perf_counter() - started
             second = await _resolve_all(server.port, steps)
-            async with asyncio.timeout(120):
+            budget.step("wait for every run to complete")
+            async with asyncio.timeout(budget.timeout(120)):
                 while (counts := _ledger_counts(db))["completed"] < n + alone:
                     await asyncio.sleep(0.1)
             finished_s = time.perf_counter() - started
@@ -197,12 +204,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.resolves", description=__doc__)
-    parser.add_argument("--n", type=int, default=1000, help="pending steps (default %(default)s)")
+    parser = bounded.Parser(prog="python -m bench.resolves", description=__doc__)
+    parser.add_argument(
+        "--n", type=bounded.positive_int, default=1000, help="pending steps (default %(default)s)"
+    )
+    parser.add_time_limit(default=600)
     args = parser.parse_args(argv)
-    result = measure(args.n)
-    sys.stdout.write(json.dumps(result, indent=2) + "\n" + markdown(result))
-    return 0 if result["exactly_once"] else 1
+
+    def body(budget: bounded.Budget) -> int:
+        result = measure(args.n)
+        sys.stdout.write(json.dumps(result, indent=2) + "\n" + markdown(result))
+        return 0 if result["exactly_once"] else bounded.EXIT_FAILED
+
+    return bounded.run(parser.prog, args.time_limit, body)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import bounded
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 30.0
 
@@ -96,7 +98,7 @@ def measure(
                 cwd=ROOT,
                 capture_output=True,
                 text=True,
-                timeout=600,
+                timeout=bounded.current().timeout(600),
             )
             cpu_after = _cpu_seconds(server.pid)
         finally:

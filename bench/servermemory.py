@@ -18,7 +18,6 @@ is what the default (60 s) gives a server after its first minute.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 from tests.support.server_process import ServerProcess
 from websockets.asyncio.client import connect
 
+from bench import bounded
 from bench.fleet import TOOL, chat
 
 
@@ -39,8 +39,9 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def _load(url: str, pid: int, chats: int, clients: int, sample_every: int) -> list[Any]:
-    samples: list[list[int]] = []
+async def _load(
+    url: str, pid: int, chats: int, clients: int, sample_every: int, samples: list[list[int]]
+) -> list[list[int]]:
     counter = iter(range(chats))
     done = 0
 
@@ -63,6 +64,7 @@ async def _load(url: str, pid: int, chats: int, clients: int, sample_every: int)
                 done += 1
                 if done % sample_every == 0:
                     samples.append([done, rss_bytes(pid)])
+                    bounded.current().step("chats", done, chats)
 
     await asyncio.gather(*(page(i) for i in range(clients)))
     return samples
@@ -74,14 +76,17 @@ def measure(
     retention: float = 2.0,
     warmup: int = 5_000,
     sample_every: int = 1_000,
+    samples: list[list[int]] | None = None,
 ) -> dict[str, Any]:
+    """`samples` fills as the chats go: [chats done, RSS bytes] pairs."""
+    samples = [] if samples is None else samples
     server = ServerProcess(["--retention", f"{retention:g}"]).start()
     try:
         assert server.process is not None
         pid = server.process.pid
         url = f"ws://127.0.0.1:{server.port}/agents/chat"
         started = time.perf_counter()
-        samples = asyncio.run(_load(url, pid, chats, clients, sample_every))
+        asyncio.run(_load(url, pid, chats, clients, sample_every, samples))
         elapsed = time.perf_counter() - started
     finally:
         server.stop()
@@ -99,17 +104,28 @@ def measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.servermemory", description=__doc__)
-    parser.add_argument("--chats", type=int, default=20_000)
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--retention", type=float, default=2.0)
+def main(argv: list[str] | None = None) -> int:
+    parser = bounded.Parser(prog="python -m bench.servermemory", description=__doc__)
+    parser.add_argument("--chats", type=bounded.positive_int, default=20_000)
+    parser.add_argument("--clients", type=bounded.positive_int, default=50)
+    parser.add_argument("--retention", type=bounded.positive_float, default=2.0)
     parser.add_argument("--warmup", type=int, default=5_000)
-    parser.add_argument("--sample-every", type=int, default=1_000)
-    args = parser.parse_args()
-    result = measure(args.chats, args.clients, args.retention, args.warmup, args.sample_every)
-    sys.stdout.write(json.dumps(result) + "\n")
+    parser.add_argument("--sample-every", type=bounded.positive_int, default=1_000)
+    parser.add_time_limit(default=1200)
+    args = parser.parse_args(argv)
+
+    def body(budget: bounded.Budget) -> int:
+        budget.step(f"{args.chats} chats from {args.clients} pages")
+        samples: list[list[int]] = []
+        budget.partial = lambda: json.dumps({"rss_bytes": samples}) + "\n"
+        result = measure(
+            args.chats, args.clients, args.retention, args.warmup, args.sample_every, samples
+        )
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+
+    return bounded.run(parser.prog, args.time_limit, body)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

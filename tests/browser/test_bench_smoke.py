@@ -26,7 +26,7 @@ def test_quick_bench_reports_every_figure(web_build: Path, tmp_path: Path) -> No
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=960,  # past the quick run's own --time-limit (900 s), which says where it was
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "latest.json").read_text())
