@@ -41,7 +41,7 @@ def chat(server: ServerProcess, session: str, text: str) -> list[dict[str, Any]]
         "role": "user",
         "parts": [{"type": "text", "text": text}],
     }
-    frame = {
+    frame: dict[str, Any] = {
         "type": "send",
         "requestId": request_id,
         "id": session,
