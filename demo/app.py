@@ -414,6 +414,13 @@ def render_cards() -> None:
             container.insertBefore(card.root, container.firstChild)  # newest first
             container.scrollTop = 0
         card.update(part)
+    ids = [part.tool_call_id for part in parts]
+    if ids != list(cards):
+        # Older calls came after a newer one (the history arrived after a reload
+        # mid-answer): put every card back in place, newest first.
+        for call_id in ids:
+            cards[call_id] = cards.pop(call_id)
+            container.insertBefore(cards[call_id].root, container.firstChild)
     el("cards-empty").hidden = bool(cards)
     running = sum(
         1 for p in parts if p.state not in ("output-available", "output-error", "output-denied")
@@ -510,6 +517,13 @@ def render_chat() -> None:
             view = message_views[message.id] = MessageView(message)
             box.appendChild(view.root)
         view.update(message)
+    ids = [message.id for message in chat.messages]
+    if ids != list(message_views):
+        # Older messages came after a newer one (the stored history arrived after a
+        # reload mid-answer had drawn the answer): put every view back in order.
+        for message_id in ids:
+            message_views[message_id] = message_views.pop(message_id)
+            box.appendChild(message_views[message_id].root)
     # The typing dots sit after the last message while the answer has not started.
     waiting = chat.status == "submitted"
     if waiting:

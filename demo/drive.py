@@ -375,7 +375,34 @@ def step_reload_mid_answer(demo: Demo) -> None:
     if len({m["id"] for m in after}) != len(after):
         raise StepFailed("a message is shown twice after the reload")
     demo.wait_card("long_task", "output-available")
+    check_shown_in_order(page, after)
     demo.shot("reloaded.png")
+
+
+def check_shown_in_order(page: Page, held: list[dict[str, Any]]) -> None:
+    """The chat shows the messages in their order, the tool cards newest first.
+
+    After a reload mid-answer the answer can be drawn before the stored history
+    that precedes it arrives; it must still end up below it, and its card on top.
+    """
+    shown = page.evaluate(
+        "[...document.querySelectorAll('#messages [data-message-id]')]"
+        ".map(e => e.dataset.messageId)"
+    )
+    if shown != [m["id"] for m in held]:
+        raise StepFailed(f"the chat shows the messages out of order: {shown}")
+    calls = [
+        p["toolCallId"]
+        for m in held
+        if m["role"] == "assistant"
+        for p in m["parts"]
+        if "toolCallId" in p
+    ]
+    cards = page.evaluate(
+        "[...document.querySelectorAll('#cards > .card')].map(e => e.dataset.callId)"
+    )
+    if cards != calls[::-1]:
+        raise StepFailed(f"the tool cards are not newest first: {cards}")
 
 
 def step_reload_after_answer(demo: Demo) -> None:

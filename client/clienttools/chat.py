@@ -123,6 +123,9 @@ class _Response:
     last_sequence: int | None = None
     pending: dict[int, Mapping[str, JsonValue]] = field(default_factory=dict)
     index: int | None = None  # where the assistant message sits in messages
+    # Rejoined by a resume with nothing of ours in flight (a reload): no message of
+    # this tab's own is missing from the stored list, so it is shown at once.
+    rejoined: bool = False
 
 
 DEFAULT_ERROR: Final = "The chat server returned an error."
@@ -264,7 +267,9 @@ class ChatState:
         """
         response = self._response
         if response is None:
-            response = self._response = _Response(request_id, MessageBuilder(self._id_factory()))
+            response = self._response = _Response(
+                request_id, MessageBuilder(self._id_factory()), rejoined=True
+            )
             self._status = "submitted"
             self._error = None
         else:
@@ -368,14 +373,16 @@ class ChatState:
 
         While our own response is in flight they wait for its end: the stored
         list may be older than what is streaming, and the server stores the
-        response's final state before it sends ``end``.
+        response's final state before it sends ``end``. A response rejoined after
+        a reload is the exception: the stored history is shown at once, with the
+        streaming message kept as it streams.
         """
         if frame.id != self.chat_id or frame.version <= self._version:
             return self._ignore_frame("another chat or an older version", frame)
         if self._stored is not None and frame.version <= self._stored.version:
             return self._ignore_frame("an older version", frame)
         self._stored = frame
-        if self._response is not None:
+        if self._response is not None and not self._response.rejoined:
             return False
         return self._apply_stored()
 
@@ -388,6 +395,17 @@ class ChatState:
         except ValueError:
             return self._ignore_frame("stored messages that are not UIMessages", frame)
         self._version = frame.version
+        response = self._response
+        if response is not None and response.index is not None:
+            # What streams wins over its stored copy (same id), which may be older.
+            streaming = response.builder.message
+            ids = [m.id for m in messages]
+            if streaming.id in ids:
+                response.index = ids.index(streaming.id)
+                messages[response.index] = streaming
+            else:
+                response.index = len(messages)
+                messages.append(streaming)
         if messages == self._messages:
             return False
         self._messages = messages

@@ -41,7 +41,7 @@ def chat(server: ServerProcess, session: str, text: str) -> list[dict[str, Any]]
         "role": "user",
         "parts": [{"type": "text", "text": text}],
     }
-    frame = {
+    frame: dict[str, Any] = {
         "type": "send",
         "requestId": request_id,
         "id": session,
@@ -143,6 +143,35 @@ def test_worker_example_computes_off_the_main_thread_and_touches_the_dom(
         assert "count_primes failed: tool_error: below must be between" in refused
     finally:
         context.close()
+
+
+def test_worker_example_without_cross_origin_isolation_connects_and_says_what_is_missing(
+    browser: Browser, web_build: Path
+) -> None:
+    # As docs/client.md says: the connection, a tool that does not touch the page and
+    # the status export still work, and the console has clienttools' one error.
+    process = ServerProcess(
+        ["--static", str(EXAMPLES), "--static", str(web_build), "--no-cross-origin-isolation"]
+    ).start()
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(f"{process.url}/worker.html")
+        page.wait_for_function(
+            "document.getElementById('status').textContent === 'connected'",
+            timeout=PLAYWRIGHT_CONFIG.PAGE_LOAD_TIMEOUT_MS,
+        )
+        assert page.evaluate("crossOriginIsolated") is False
+        reply = text_of(chat(process, "example", 'call count_primes {"below": 1000}'))
+        assert "count_primes -> 168" in reply
+        ours = [e for e in errors if "clienttools: this page is not cross-origin isolated" in e]
+        assert len(ours) == 1, errors
+        assert [e for e in errors if "Failed to load resource" not in e] == ours, errors
+    finally:
+        context.close()
+        process.stop()
 
 
 def test_webmcp_example_serves_the_server_and_the_browsers_agent(

@@ -75,6 +75,32 @@ def test_a_resumed_response_replaces_the_stored_partial_message_by_id() -> None:
     assert [(m.id, m.text) for m in state.messages] == [("u1", "hi"), ("a1", "hello")]
 
 
+def test_after_a_reload_the_history_shows_at_once_below_it_the_rejoined_answer() -> None:
+    # A reloaded page rejoins the answer (resume) before the stored list arrives.
+    state = ChatState(chat_id="c1")
+    state.begin_resume("r3")
+    chunks: list[dict[str, Any]] = [
+        {"type": "start", "messageId": "a2"},
+        {"type": "text-start", "id": "t"},
+        {"type": "text-delta", "id": "t", "delta": "still "},
+    ]
+    for sequence, c in enumerate(chunks):
+        state.receive(protocol.ChunkFrame(request_id="r3", sequence=sequence, chunk=c))
+    stored = _stored(5, _user("u1", "hi"), _answer("a1", "hello"), _user("u2", "more"))
+    assert state.receive(stored)  # shown now, not at the end of the answer
+    assert [m.id for m in state.messages] == ["u1", "a1", "u2", "a2"]
+    # A stored copy of the streaming message (older) does not hide what streams.
+    older = _answer("a2", "st")
+    assert not state.receive(_stored(6, *stored.messages, older))
+    assert state.messages[3].text == "still "
+    delta: dict[str, Any] = {"type": "text-delta", "id": "t", "delta": "going"}
+    state.receive(protocol.ChunkFrame(request_id="r3", sequence=3, chunk=delta))
+    assert [m.text for m in state.messages][3] == "still going"
+    state.receive(protocol.EndFrame(request_id="r3"))
+    assert [m.id for m in state.messages] == ["u1", "a1", "u2", "a2"]
+    assert state.status == "ready" and state.version == 6
+
+
 def test_stored_messages_that_are_not_ui_messages_are_ignored() -> None:
     state = ChatState(chat_id="c1")
     assert not state.receive(_stored(1, {"id": "x", "role": "robot", "parts": []}))
