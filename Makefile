@@ -54,7 +54,7 @@ check: $(VENV)/.installed postgresql
 
 demo: bootstrap web
 	@echo "clienttools demo: open http://$(HOST):$(PORT)/ (Ctrl+C stops it)"
-	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --model $(MODEL) --static demo --static build/web
+	$(PY) -m clienttools_server --host $(HOST) --port $(PORT) --model $(MODEL) --retention 3600 --static demo --static build/web
 
 bench: bootstrap web
 	$(PY) -m bench
