@@ -27,7 +27,7 @@ from .auth import Principal, access, authorize, route_of, unauthorized
 from .conversations import Conversations
 from .hub import Hub
 from .ledger import StoredChat
-from .pending import DEFAULT_LIMIT, MAX_LIMIT
+from .pending import DEFAULT_LIMIT, MAX_LIMIT, iso_time
 from .routes import _message
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ async def list_chats(request: Request) -> Response:
             "session": chat.session,
             "messageCount": chat.message_count,
             "version": chat.version,
-            "updatedAt": chat.updated_at,
+            "updatedAt": iso_time(chat.updated_at),
         }
         for chat in listed
     ]
