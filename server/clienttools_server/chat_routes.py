@@ -62,16 +62,17 @@ async def list_chats(request: Request) -> Response:
     if principal is None:
         return unauthorized()
     query = request.query_params
-    raw_limit = query.get("limit", str(DEFAULT_LIMIT))
+    # An empty parameter is one not given (a form, URLSearchParams): ?session=&limit=
+    raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
     try:
         limit = int(raw_limit)
     except ValueError:
         return _message(422, f"limit must be an integer, not {raw_limit[:32]!r}")
     if not 1 <= limit <= MAX_LIMIT:
         return _message(422, f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    before = query.get("before") or None
+    session, before = query.get("session") or None, query.get("before") or None
     visible = await access(request).sessions(principal)
-    listed = await _conversations(request).listing(query.get("session"), limit, before, visible)
+    listed = await _conversations(request).listing(session, limit, before, visible)
     if listed is None:
         assert before is not None
         return _message(422, f"no chat {before[:64]!r} to page from")

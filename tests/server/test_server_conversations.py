@@ -259,6 +259,9 @@ async def test_the_chat_routes(server: RunningServer, open_browser: OpenBrowser)
     assert [c["id"] for c in (await http(server, "GET", "/chats?session=s1")).json["chats"]] == [
         "c", "a",
     ]  # fmt: skip
+    # An empty parameter is one not given, as a form or URLSearchParams sends it.
+    empty = await http(server, "GET", "/chats?session=&limit=&before=")
+    assert empty.status == 200 and [c["id"] for c in empty.json["chats"]] == ["c", "b", "a"]
     page = (await http(server, "GET", "/chats?limit=1&before=c")).json["chats"]
     assert [c["id"] for c in page] == ["b"]
     for query, problem in [
