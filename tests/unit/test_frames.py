@@ -163,6 +163,8 @@ MINIMAL_CLIENT_FRAMES: dict[str, dict[str, object]] = {
     "send": {"requestId": "r1", "id": "chat", "messages": []},
     "resume": {"requestId": "r1", "id": "chat"},
     "abort": {"requestId": "r1"},
+    "cf_agent_chat_subscribe": {"id": "chat"},
+    "cf_agent_chat_clear": {"id": "chat"},
 }
 # A value of another JSON kind than the field's: strict models take none of them.
 OTHER_KIND = {str: 7, float: "1.5", bool: "true", list: {}, dict: []}
