@@ -377,8 +377,14 @@ class ChatState:
         a reload is the exception: the stored history is shown at once, with the
         streaming message kept as it streams.
         """
-        if frame.id != self.chat_id or frame.version <= self._version:
-            return self._ignore_frame("another chat or an older version", frame)
+        if frame.id != self.chat_id:
+            return self._ignore_frame("another chat", frame)
+        # Version 0 with no messages: no such chat. After a stored version that is a
+        # deletion (DELETE /chats/{id}, the retention), and the chat's next use starts
+        # again at 1; before any, a chat never stored, which leaves ours as they are.
+        deleted = frame.version == 0 and not frame.messages and self._version > 0
+        if not deleted and frame.version <= self._version:
+            return self._ignore_frame("an older version", frame)
         if self._stored is not None and frame.version <= self._stored.version:
             return self._ignore_frame("an older version", frame)
         self._stored = frame

@@ -131,12 +131,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         help="require ?token=TOKEN on every WebSocket URL and 'Authorization: Bearer TOKEN' "
-        "on the /executions routes (default: no token)",
+        "on the HTTP routes (/executions, /chats, the HTTP chat transport) (default: no token)",
     )
     p.add_argument(
         "--admin-token",
         metavar="TOKEN",
-        help="also accept 'Authorization: Bearer TOKEN' on the /executions routes, so "
+        help="also accept 'Authorization: Bearer TOKEN' on the HTTP routes, so "
         "operators need not hold the pages' token; never valid on the WebSocket "
         "(default: none)",
     )

@@ -296,7 +296,7 @@ def uvicorn_config(app: Starlette, config: ServerConfig) -> uvicorn.Config:
         timeout_graceful_shutdown=5,
     )
     # After the Config: it sets up uvicorn's loggers (filters already there stay).
-    redact_tokens("uvicorn.error", "uvicorn.access")
+    redact_tokens("uvicorn.error", "uvicorn.access", "uvicorn.asgi")
     return served
 
 

@@ -435,11 +435,14 @@ class RedactTokens(logging.Filter):
 
     uvicorn logs each WebSocket handshake with its path and query
     (``"WebSocket /agents/chat/desk?token=..." [accepted]``): a page's token
-    would end up in every log. Installed on uvicorn's loggers by
+    would end up in every log; at trace level its ``uvicorn.asgi`` logger prints
+    each scope's query string. Installed on uvicorn's loggers by
     :func:`clienttools_server.app.uvicorn_config`.
     """
 
-    _TOKEN = re.compile(r"([?&]token=)[^&\s\"']*")
+    # After "?" or "&" in a path, or at the start of a query string logged alone (at
+    # trace level uvicorn.asgi logs each scope: ``'query_string': b'token=...'``).
+    _TOKEN = re.compile(r"((?:[?&]|b')token=)[^&\s\"']*")
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

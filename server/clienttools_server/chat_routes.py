@@ -27,7 +27,7 @@ from .auth import Principal, access, authorize, route_of, unauthorized
 from .conversations import Conversations
 from .hub import Hub
 from .ledger import StoredChat
-from .pending import DEFAULT_LIMIT, MAX_LIMIT
+from .pending import DEFAULT_LIMIT, MAX_LIMIT, iso_time
 from .routes import _message
 
 logger = logging.getLogger(__name__)
@@ -62,16 +62,17 @@ async def list_chats(request: Request) -> Response:
     if principal is None:
         return unauthorized()
     query = request.query_params
-    raw_limit = query.get("limit", str(DEFAULT_LIMIT))
+    # An empty parameter is one not given (a form, URLSearchParams): ?session=&limit=
+    raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
     try:
         limit = int(raw_limit)
     except ValueError:
         return _message(422, f"limit must be an integer, not {raw_limit[:32]!r}")
     if not 1 <= limit <= MAX_LIMIT:
         return _message(422, f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    before = query.get("before") or None
+    session, before = query.get("session") or None, query.get("before") or None
     visible = await access(request).sessions(principal)
-    listed = await _conversations(request).listing(query.get("session"), limit, before, visible)
+    listed = await _conversations(request).listing(session, limit, before, visible)
     if listed is None:
         assert before is not None
         return _message(422, f"no chat {before[:64]!r} to page from")
@@ -81,7 +82,7 @@ async def list_chats(request: Request) -> Response:
             "session": chat.session,
             "messageCount": chat.message_count,
             "version": chat.version,
-            "updatedAt": chat.updated_at,
+            "updatedAt": iso_time(chat.updated_at),
         }
         for chat in listed
     ]

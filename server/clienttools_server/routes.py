@@ -85,7 +85,8 @@ async def list_executions(request: Request) -> Response:
     if principal is None:
         return unauthorized()
     query = request.query_params
-    raw_limit = query.get("limit", str(DEFAULT_LIMIT))
+    # An empty parameter is one not given (a form, URLSearchParams): ?session=&limit=
+    raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
     try:
         limit = int(raw_limit)
     except ValueError:
@@ -93,7 +94,7 @@ async def list_executions(request: Request) -> Response:
     try:
         executions = await _pending(request).executions(
             status=query.get("status") or None,
-            session=query.get("session"),
+            session=query.get("session") or None,
             limit=limit,
             before=query.get("before") or None,
             sessions=await access(request).sessions(principal),

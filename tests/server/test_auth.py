@@ -28,7 +28,7 @@ from starlette.requests import HTTPConnection
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from clienttools_server.app import RunningServer, running_server
+from clienttools_server.app import RunningServer, create_app, running_server, uvicorn_config
 from clienttools_server.auth import (
     ADMIN,
     CLOSE_NOT_YOURS,
@@ -283,7 +283,8 @@ async def test_an_app_authorizer_decides_and_owners_keep_their_sessions(
             attic = await FakeBrowser.connect(
                 server.ws_url("attic") + "?user=root", chunk_collector
             )
-            assert (await attic.chat("hi")).final["type"] == "end"
+            # A chat id of its own: chat-1 belongs to desk, where it was first used (H5).
+            assert (await attic.chat("hi", chat_id="attic-chat")).final["type"] == "end"
             await attic.close()
             # Alice's socket went on through all of it.
             assert (await alice.chat("again")).final["type"] == "end"
@@ -416,6 +417,20 @@ def test_log_lines_never_show_a_query_token() -> None:
     assert record.getMessage() == (
         '127.0.0.1:5 - "WebSocket /agents/chat/desk?x=1&token=[redacted]&y=2" [accepted]'
     )
+
+
+def test_trace_logs_of_a_scope_never_show_a_query_token() -> None:
+    # --log-level trace: uvicorn.asgi logs each scope, its query string as bytes.
+    config = ServerConfig(port=0, log_level="trace")
+    uvicorn_config(create_app(config), config)
+    scope = {"path": "/agents/chat/desk", "query_string": b"token=ct1.abc.def&x=1"}
+    record = logging.LogRecord(
+        "uvicorn.asgi", 5, __file__, 1, "%s - ASGI [%d] Started scope=%s",
+        ("127.0.0.1:5", 3, scope), None,
+    )  # fmt: skip
+    assert logging.getLogger("uvicorn.asgi").filter(record)
+    assert "ct1.abc" not in record.getMessage()
+    assert "b'token=[redacted]&x=1'" in record.getMessage()
 
 
 class _Lines(logging.Handler):

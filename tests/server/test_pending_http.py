@@ -405,6 +405,12 @@ async def test_the_listing_is_newest_first_and_pages_with_before(tmp_path: Path)
             await pending.executions(limit=0)
         reply = await http_json(running.host, running.port, "GET", "/executions?limit=x")
         assert (reply.status, set(reply.json)) == (422, {"message"})
+        # An empty parameter is one not given, as a form or URLSearchParams sends it.
+        empty = "/executions?status=&session=&limit=&before="
+        await ledger.claim_session("s", "shared", 70.0)  # the token rules' one principal
+        reply = await http_json(running.host, running.port, "GET", empty)
+        assert reply.status == 200, reply.json
+        assert [e["executionId"] for e in reply.json["executions"]] == ids[::-1]
 
 
 @pytest.mark.parametrize(

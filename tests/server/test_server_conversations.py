@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 from typing import Any
 
@@ -15,6 +16,8 @@ from clienttools_server.app import RunningServer
 from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
 from tests.support.wait import wait_until
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 OpenBrowser = Any
 
@@ -251,9 +254,14 @@ async def test_the_chat_routes(server: RunningServer, open_browser: OpenBrowser)
     assert [c["id"] for c in listed] == ["c", "b", "a"]
     assert set(listed[0]) == {"id", "session", "messageCount", "version", "updatedAt"}
     assert listed[0]["messageCount"] == 2 and listed[0]["session"] == "s1"
+    # The same time format as the executions' createdAt and updatedAt.
+    assert ISO_UTC.match(listed[0]["updatedAt"]), listed[0]["updatedAt"]
     assert [c["id"] for c in (await http(server, "GET", "/chats?session=s1")).json["chats"]] == [
         "c", "a",
     ]  # fmt: skip
+    # An empty parameter is one not given, as a form or URLSearchParams sends it.
+    empty = await http(server, "GET", "/chats?session=&limit=&before=")
+    assert empty.status == 200 and [c["id"] for c in empty.json["chats"]] == ["c", "b", "a"]
     page = (await http(server, "GET", "/chats?limit=1&before=c")).json["chats"]
     assert [c["id"] for c in page] == ["b"]
     for query, problem in [

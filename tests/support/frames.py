@@ -509,7 +509,9 @@ def _unknown_type(draw: DrawFn, rnd: Random, obj: dict[str, Any]) -> Wire:
     if how == 0:
         obj["type"] = draw(st.text(max_size=20))
     elif how == 1:
-        obj["type"] = rnd.choice(_ALL_TYPES)  # the other direction's types are unknown here
+        # The other direction's types are unknown here; this direction's are known.
+        mine = p.CLIENT_FRAME_TYPES if current in p.CLIENT_FRAME_TYPES else p.SERVER_FRAME_TYPES
+        obj["type"] = rnd.choice([t for t in _ALL_TYPES if t not in mine])
     else:
         near = [current.upper(), current + " ", " " + current, current[:-1], "x" * 100_000]
         obj["type"] = rnd.choice(near)

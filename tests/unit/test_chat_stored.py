@@ -7,6 +7,7 @@ from typing import Any
 
 from clienttools import protocol
 from clienttools.chat import ChatState
+from clienttools.uimessage import UIMessage
 
 
 def _user(message_id: str, text: str) -> dict[str, Any]:
@@ -113,3 +114,20 @@ def test_clear_returns_the_frame_for_the_server() -> None:
     assert protocol.dump_frame(state.clear()) == '{"type":"cf_agent_chat_clear","id":"c1"}'
     assert state.messages == []
     assert protocol.dump_frame(state.subscribe()) == '{"type":"cf_agent_chat_subscribe","id":"c1"}'
+
+
+def test_a_deleted_chat_empties_every_tab_and_its_next_turns_are_seen() -> None:
+    # DELETE /chats/{id} (or the retention) removes the chat: subscribers get version 0
+    # with no messages, and the chat's next use starts again at version 1.
+    state = ChatState(chat_id="c1")
+    assert state.receive(_stored(4, _user("u1", "hi"), _answer("a1", "hello")))
+    assert state.receive(_stored(0))
+    assert state.messages == [] and state.version == 0
+    assert state.receive(_stored(1, _user("u2", "again")))
+    assert [m.id for m in state.messages] == ["u2"] and state.version == 1
+
+
+def test_no_stored_chat_keeps_the_messages_a_page_starts_with() -> None:
+    state = ChatState(chat_id="c1", messages=[UIMessage.model_validate(_user("u1", "hi"))])
+    assert not state.receive(_stored(0))  # subscribed to a chat never stored
+    assert [m.id for m in state.messages] == ["u1"] and state.ignored_frames == 1
