@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
@@ -147,7 +147,6 @@ def test_structural_mutations_parse_only_what_still_fits(wire: str | bytes) -> N
 @given(mutated_frames(valid_client_frames(), kinds=["unknown_type"]))
 def test_an_unknown_type_is_always_refused(wire: str | bytes) -> None:
     raw = json.loads(wire)
-    assume(raw["type"] not in CLIENT_FRAME_TYPES)  # the mutation may land on a known type
     with pytest.raises(FrameError, match="unknown frame type") as refused:
         parse_client_frame(wire)
     assert refused.value.frame_type == raw["type"]
