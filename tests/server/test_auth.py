@@ -198,6 +198,7 @@ def _token_command(*arguments: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_the_token_command_prints_one_token_and_nothing_else() -> None:
     done = _token_command(
         "--secret", SECRET, "--principal", "alice", "--session", "desk", "--operator",
@@ -212,6 +213,7 @@ def test_the_token_command_prints_one_token_and_nothing_else() -> None:
         verify_token(SECRET, token, now=time.time() + 121)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("arguments", "fragment"),
     [

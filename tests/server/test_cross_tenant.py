@@ -38,6 +38,9 @@ from tests.support.http import Reply, http_json
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
 
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
+
 SECRET = "cross-tenant-secret-0123456789"
 SESSION = "desk"
 CHAT = "alice-chat"

@@ -28,6 +28,9 @@ from tests.support.http import Reply, http_json
 from tests.support.server_process import ROOT, free_port
 from tests.support.wait import wait_until
 
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
+
 COOKIE = "clienttools_session"
 
 

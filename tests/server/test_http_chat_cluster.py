@@ -23,6 +23,9 @@ from tests.support.postgres import PostgresServer
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
 
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(autouse=True)
 async def close_responses() -> AsyncIterator[None]:

@@ -3,11 +3,15 @@ the app's own login: the cookie that opens the page's socket is the one the POST
 
 from __future__ import annotations
 
+import pytest
 from sse_client import HttpResponse, chat_body
 from test_fastapi_example import COOKIE, App, example  # noqa: F401 (the fixture)
 
 from clienttools import ToolClient
 from clienttools.native import NativeConnector
+
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
 
 
 async def test_a_turn_over_http_in_the_fastapi_app(example: App) -> None:  # noqa: F811

@@ -15,6 +15,9 @@ from tests.server.test_leases import GatedPage
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until
 
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
+
 TIMEOUT = 60.0
 
 

@@ -7,10 +7,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from server_harness import ChunkCollector, FakeBrowser, tool_spec, user_message
 
 from tests.support.http import http_json
 from tests.support.server_process import ServerProcess
+
+# Real server processes: the whole suite (make test), not the fast lane (make check).
+pytestmark = pytest.mark.process
 
 
 async def test_a_killed_server_stores_the_replayed_answer_once(
