@@ -27,8 +27,8 @@ from .auth import Principal, access, authorize, route_of, unauthorized
 from .conversations import Conversations
 from .hub import Hub
 from .ledger import StoredChat
-from .pending import DEFAULT_LIMIT, MAX_LIMIT, iso_time
-from .routes import _message
+from .pending import iso_time
+from .routes import _message, listing_limit
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +62,9 @@ async def list_chats(request: Request) -> Response:
     if principal is None:
         return unauthorized()
     query = request.query_params
-    # An empty parameter is one not given (a form, URLSearchParams): ?session=&limit=
-    raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
-    try:
-        limit = int(raw_limit)
-    except ValueError:
-        return _message(422, f"limit must be an integer, not {raw_limit[:32]!r}")
-    if not 1 <= limit <= MAX_LIMIT:
-        return _message(422, f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    limit = listing_limit(query)
+    if isinstance(limit, Response):
+        return limit
     session, before = query.get("session") or None, query.get("before") or None
     visible = await access(request).sessions(principal)
     listed = await _conversations(request).listing(session, limit, before, visible)

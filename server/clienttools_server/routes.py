@@ -27,13 +27,21 @@ import logging
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, ValidationError
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .auth import Principal, access, authorize, route_of, unauthorized
 from .config import ServerConfig
-from .pending import DEFAULT_LIMIT, DEFAULT_REJECT_CODE, Answer, InvalidQuery, PendingCalls
+from .pending import (
+    DEFAULT_LIMIT,
+    DEFAULT_REJECT_CODE,
+    MAX_LIMIT,
+    Answer,
+    InvalidQuery,
+    PendingCalls,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +88,27 @@ def _not_found(execution_id: str) -> JSONResponse:
     return _message(404, f"no execution {execution_id[:64]!r}")
 
 
-async def list_executions(request: Request) -> Response:
-    principal = await authorize(request)
-    if principal is None:
-        return unauthorized()
-    query = request.query_params
+def listing_limit(query: QueryParams) -> int | Response:
+    """A listing's ``limit`` (1 to MAX_LIMIT, DEFAULT_LIMIT when absent), else the 422."""
     # An empty parameter is one not given (a form, URLSearchParams): ?session=&limit=
     raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
     try:
         limit = int(raw_limit)
     except ValueError:
         return _message(422, f"limit must be an integer, not {raw_limit[:32]!r}")
+    if not 1 <= limit <= MAX_LIMIT:
+        return _message(422, f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    return limit
+
+
+async def list_executions(request: Request) -> Response:
+    principal = await authorize(request)
+    if principal is None:
+        return unauthorized()
+    query = request.query_params
+    limit = listing_limit(query)
+    if isinstance(limit, Response):
+        return limit
     try:
         executions = await _pending(request).executions(
             status=query.get("status") or None,
