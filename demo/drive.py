@@ -365,8 +365,16 @@ def step_reload_mid_answer(demo: Demo) -> None:
     the answer goes on (the call is delivered again to the reloaded page)."""
     page = demo.page
     before = messages(page)
+    # The long task of an earlier step keeps its card (and its progress): wait for this one's.
+    earlier = page.evaluate(
+        "[...document.querySelectorAll('#cards > .card')].map(e => e.dataset.callId)"
+    )
     demo.send('call long_task {"steps": 10, "step_ms": 300}')
-    demo.wait("document.querySelector(\"#cards .card[data-tool='long_task'][data-progress]\")")
+    demo.wait(
+        "(earlier) => [...document.querySelectorAll(\"#cards .card[data-tool='long_task']"
+        '[data-progress]")].some((e) => !earlier.includes(e.dataset.callId))',
+        earlier,
+    )
     page.reload(wait_until="commit")
     step_ready_again(demo)
     after = wait_messages(demo, page, len(before) + 2, "long_task -> {")
