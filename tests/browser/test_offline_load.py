@@ -79,4 +79,4 @@ def test_micropython_flavour_loads_offline(browser: Browser, static_server: Stat
     assert status.endswith("micropython 1.27.0"), status
     assert blocked == [], f"the page tried to reach other hosts: {blocked}"
     assert any(r.endswith("/micropython/micropython.wasm") for r in static_server.requests)
-    assert any(r.endswith("/micropython/clienttools/mpy.py") for r in static_server.requests)
+    assert any(r.endswith("/micropython/clienttools/mpy.mpy") for r in static_server.requests)

