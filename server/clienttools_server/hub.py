@@ -56,14 +56,15 @@ from clienttools.protocol import (
     json_size,
 )
 
+from .agent.chunk_log import Chunk, ChunkLog, FinishedResponses
+from .agent.conversations import OTHER_SESSION, Conversations, Prepared, Refusal, ResponseRecorder
+from .agent.journal import RequestedCall
+from .agent.runs import Run, RunRequest
+from .agent.server_tools import ServerTool, ServerToolset
+from .calls.proxy import Applied, Approvals, CallProxy, Peer, Settlement, StartedCall
+from .calls.remembered import RememberedTools
 from .clock import SYSTEM_CLOCK, Clock, sleep
-from .config import ServerConfig
-from .conversations import OTHER_SESSION, Conversations, Prepared, Refusal, ResponseRecorder
-from .journal import ToolCall
-from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
-from .proxy import Applied, Approvals, BrowserTools, Peer, Settlement, StartedCall
-from .remembered import RememberedTools
-from .routing import (
+from .cluster.routing import (
     CANCEL,
     EXPIRED,
     EXPIRED_PER_NOTIFICATION,
@@ -76,13 +77,12 @@ from .routing import (
     Peers,
     tools_json,
 )
-from .runs import Run, RunRequest
-from .server_tools import ServerTool, ServerToolset
-from .stream import Chunk, ChunkLog, FinishedResponses
+from .config import ServerConfig
+from .ledger import ChatBusy, Ledger, LedgerUnavailable, Outcome, Step
 
 if TYPE_CHECKING:
-    from .cluster import Bus
-    from .shared_stream import SharedStreams
+    from .cluster.bus import Bus
+    from .cluster.shared_streams import SharedStreams
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Hub:
         # Every live connection of this process, by id (a relayed invoke names one).
         self.connections: dict[str, Client] = {}
         self.runs: dict[str, ActiveRun] = {}
-        self.browser = BrowserTools(
+        self.browser = CallProxy(
             ledger, config, self.find_peer, durable=durable, clock=clock, find_spec=self.tool_spec
         )
         self.approvals = Approvals(ledger, clock, shared=bus is not None)
@@ -166,10 +166,10 @@ class Hub:
             self._listen(bus)
         # The chats' stored messages (H1-H5); on the bus too with several processes.
         self.conversations = Conversations(ledger, clock, bus=bus)
-        # The chat streams across processes (shared_stream.py), on the bus too.
+        # The chat streams across processes (cluster/shared_streams.py), on the bus too.
         self.shared: SharedStreams | None = None
         if bus is not None:
-            from .shared_stream import SharedStreams  # psycopg: only with a shared ledger
+            from .cluster.shared_streams import SharedStreams  # psycopg: only with a shared ledger
 
             self.shared = SharedStreams(
                 cast(Any, ledger), bus, clock, grace=config.resume_grace, poll=config.lease,
@@ -844,7 +844,7 @@ class SessionTools:
         self,
         session: str,
         specs: Callable[[str], Awaitable[dict[str, ToolSpec]]],
-        browser: BrowserTools,
+        browser: CallProxy,
         approvals: Approvals,
     ) -> None:
         self.session = session
@@ -855,13 +855,13 @@ class SessionTools:
     async def specs(self) -> dict[str, ToolSpec]:
         return await self._specs(self.session)
 
-    async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
+    async def run_client_tool(self, step: Step, call: RequestedCall) -> Step | None:
         return await self._browser.call(self.session, step, call)
 
-    async def start_client_tool(self, step: Step, call: ToolCall) -> StartedCall:
+    async def start_client_tool(self, step: Step, call: RequestedCall) -> StartedCall:
         return await self._browser.start(self.session, step, call)
 
-    async def await_approval(self, step: Step, call: ToolCall) -> None:
+    async def await_approval(self, step: Step, call: RequestedCall) -> None:
         await self._approvals.wait(self.session, step, call)
 
 

@@ -23,12 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .auth import Principal, access, authorize, route_of, unauthorized
-from .conversations import Conversations
-from .hub import Hub
-from .ledger import StoredChat
-from .pending import iso_time
-from .routes import _message, listing_limit
+from ..agent.conversations import Conversations
+from ..calls.pending import iso_time
+from ..hub import Hub
+from ..ledger import StoredChat
+from ..wire.auth import Principal, access, authorize, route_of, unauthorized
+from ..wire.pending_routes import _message, listing_limit
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Browser tools as server tools: pending calls, delivery, timeouts, acks, approvals (S1-S6).
 
-A run calls :meth:`BrowserTools.call` with the ledger step of a ``client``
+A run calls :meth:`CallProxy.call` with the ledger step of a ``client``
 call. The call becomes a pending entry keyed by the step's unguessable
 ``requestId``; it is delivered as an invoke to the newest live connection of
 the session that registered the tool (or waits for one), timed with an idle
@@ -13,10 +13,10 @@ A call's lifecycle in this process is the table ``DELIVERY_TRANSITIONS``
 (``DeliveryState`` x ``DeliveryEvent``); ``LATE_RESULT`` says what a result that
 comes after the call was settled gets. Every result, whatever its source (the
 page the invoke went to, a page re-sending to a restarted server, a resolve
-from outside through ``Hub.settle``), is applied by :meth:`BrowserTools.apply`,
+from outside through ``Hub.settle``), is applied by :meth:`CallProxy.apply`,
 which checks it against the outputSchema recorded with the ledger step.
 
-    tools = BrowserTools(ledger, config, hub.find_peer, durable=config.db is not None)
+    tools = CallProxy(ledger, config, hub.find_peer, durable=config.db is not None)
     await tools.call("chat-1", step, call)           # returns once the step is settled
     peer.send(await tools.on_result(peer, frame))    # the ack for a result frame
     (await tools.apply(step, Settlement(output=3), by_page=False)).outcome   # "applied"
@@ -53,11 +53,13 @@ from clienttools.protocol import (
     json_size,
 )
 
-from .canonical import canonical_json
-from .clock import SYSTEM_CLOCK, Clock, Timer
-from .config import ServerConfig
-from .journal import ToolCall
-from .ledger import (
+from ..agent.journal import RequestedCall
+from ..calls.output_schemas import OutputSchemas
+from ..canonical import canonical_json
+from ..clock import SYSTEM_CLOCK, Clock, Timer
+from ..cluster.routing import RemotePeer
+from ..config import ServerConfig
+from ..ledger import (
     LeaseLost,
     Ledger,
     LedgerUnavailable,
@@ -65,9 +67,7 @@ from .ledger import (
     OutcomeReason,
     Step,
 )
-from .routing import RemotePeer
-from .schema import OutputSchemas
-from .tasks import Background
+from ..tasks import Background
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class PendingCall:
     execution_id: str
     seq: int
     session: str
-    call: ToolCall
+    call: RequestedCall
     future: asyncio.Future[None]
     state: DeliveryState = DeliveryState.WAITING
     # The page the invoke went to last, and its clientId (kept while it waits again).
@@ -219,7 +219,7 @@ class PendingCall:
     hard_timer: Timer | None = None
     # The step as this proxy's resolve or reject left it, so the run need not read it back.
     settled_step: Step | None = None
-    # Someone waits for it (BrowserTools._wait ran).
+    # Someone waits for it (CallProxy._wait ran).
     awaited: bool = False
     # The outputSchema its results are checked against: the spec recorded with
     # the step (the one the call was made with), so the same after a restart.
@@ -280,9 +280,9 @@ class Applied:
 
 @dataclass(eq=False, slots=True)
 class StartedCall:
-    """A browser tool call already delivered (or waiting for a page); see BrowserTools.start."""
+    """A browser tool call already delivered (or waiting for a page); see CallProxy.start."""
 
-    tools: BrowserTools
+    tools: CallProxy
     entry: PendingCall
 
     async def wait(self) -> Step | None:
@@ -341,7 +341,7 @@ async def _is_open(peer: Peer) -> bool:
     return await peer.check() if isinstance(peer, RemotePeer) else peer.is_open
 
 
-class BrowserTools:
+class CallProxy:
     """The pending map of browser tool calls of one server."""
 
     def __init__(
@@ -380,7 +380,7 @@ class BrowserTools:
 
     # -- the run's side ----------------------------------------------------------------
 
-    async def call(self, session: str, step: Step, call: ToolCall) -> Step | None:
+    async def call(self, session: str, step: Step, call: RequestedCall) -> Step | None:
         """Deliver the call (now or when a connection registers the tool); return once settled.
 
         Returns the settled step when this proxy settled it, else None (the
@@ -400,7 +400,7 @@ class BrowserTools:
         if step.request_id in self.pending:
             raise RuntimeError(f"request {step.request_id} is already pending")
 
-    async def start(self, session: str, step: Step, call: ToolCall) -> StartedCall:
+    async def start(self, session: str, step: Step, call: RequestedCall) -> StartedCall:
         """Register the call of a pending step and deliver it now, without waiting.
 
         For a run that records a step and delivers it in one ledger batch: the
@@ -1062,7 +1062,7 @@ class Approvals:
     # Several processes on the ledger: the chat that answers may be on another one.
     shared: bool = False
 
-    async def wait(self, session: str, step: Step, call: ToolCall) -> None:
+    async def wait(self, session: str, step: Step, call: RequestedCall) -> None:
         key = (session, call.tool_call_id)
         wait = _ApprovalWait(
             step.execution_id, step.seq, asyncio.get_running_loop().create_future()

@@ -2,7 +2,7 @@
 
 The durable pause of a run, made public: an app, an operator or a webhook
 lists the executions that wait for a browser call or a human approval and
-settles one. What the HTTP routes (:mod:`clienttools_server.routes`) call;
+settles one. What the HTTP routes (:mod:`clienttools_server.wire.pending_routes`) call;
 each operation never raises, and only an ``applied`` answer changes the ledger.
 
     pending = app.state.pending                       # or server.pending (running_server)
@@ -28,10 +28,10 @@ from typing import Literal, TypeAlias, cast, get_args
 
 from pydantic import JsonValue
 
-from .hub import Hub
-from .journal import approval_name
-from .ledger import Execution, ExecutionStatus, Ledger, Resolution, Step
-from .proxy import Applied, Settlement
+from ..agent.journal import approval_name
+from ..calls.proxy import Applied, Settlement
+from ..hub import Hub
+from ..ledger import Execution, ExecutionStatus, Ledger, Resolution, Step
 
 Answered: TypeAlias = Literal["applied", "duplicate", "stale", "invalid", "not_found"]
 
