@@ -242,7 +242,7 @@ def create_app(
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
-        app.state.pending = PendingCalls(hub, ledger)
+        app.state.pending = PendingCalls(hub.outside, ledger)
         app.state.access = Access(authorizer, ledger, clock)
         try:
             if bus is not None:

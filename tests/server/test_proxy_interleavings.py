@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from clienttools.protocol import InvokeFrame, ToolApprovalFrame, ToolSpec, WireModel
 from clienttools_server.agent.journal import RequestedCall
-from clienttools_server.calls.proxy import Approvals, CallProxy, DeliveryState
+from clienttools_server.calls.approvals import Approvals
+from clienttools_server.calls.proxy import CallProxy, DeliveryState
 from clienttools_server.config import ServerConfig
 from clienttools_server.ledger import Outcome, Step
 

@@ -52,8 +52,8 @@ from ..ledger import (
 if TYPE_CHECKING:
     from ..agent.chunk_log import Chunk
     from ..agent.runs import RunRequest
+    from ..calls.pages import Client
     from ..cluster.bus import Bus
-    from ..hub import Client
 
 logger = logging.getLogger(__name__)
 

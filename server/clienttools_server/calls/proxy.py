@@ -34,7 +34,7 @@ import enum
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
 from pydantic import JsonValue
@@ -45,7 +45,6 @@ from clienttools.protocol import (
     CancelReason,
     InvokeFrame,
     ResultAckFrame,
-    ToolApprovalFrame,
     ToolProgressFrame,
     ToolResultFrame,
     ToolSpec,
@@ -63,11 +62,11 @@ from ..ledger import (
     LeaseLost,
     Ledger,
     LedgerUnavailable,
-    Outcome,
     OutcomeReason,
     Step,
 )
 from ..tasks import Background
+from .settlement import Applied, Settlement, encode_error
 
 logger = logging.getLogger(__name__)
 
@@ -243,41 +242,6 @@ class PendingCall:
         self.state = next_delivery_state(self.state, event)
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """What settles a step: an ``output``, or an ``error`` ({"code", "message", "data"?})."""
-
-    output: JsonValue = None
-    error: dict[str, JsonValue] | None = None
-
-    @classmethod
-    def failure(cls, code: str, message: str) -> Settlement:
-        return cls(error={"code": code, "message": message})
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """What applying a settlement did: the ack outcome, why, and the step as it stands after.
-
-    ``reason`` is the ledger's word for it (``applied``, ``not_found``,
-    ``not_pending``, ``too_large``, ``invalid``), as :class:`Outcome` has it.
-    """
-
-    outcome: AckOutcome
-    reason: OutcomeReason
-    message: str | None = None
-    step: Step | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "applied"
-
-    def as_outcome(self) -> Outcome:
-        """As the ledger's :class:`Outcome` (what ``Hub.resolve`` returns)."""
-        message = self.message or ("applied" if self.ok else self.outcome)
-        return Outcome(self.ok, self.reason, message, self.step)
-
-
 @dataclass(eq=False, slots=True)
 class StartedCall:
     """A browser tool call already delivered (or waiting for a page); see CallProxy.start."""
@@ -307,13 +271,6 @@ def _settled_by_server(step: Step | None) -> bool:
 
 def _ack(request_id: str, outcome: AckOutcome, message: str | None = None) -> ResultAckFrame:
     return ResultAckFrame(request_id=request_id, outcome=outcome, message=message)
-
-
-def _error_json(code: str, message: str, data: JsonValue = None) -> str:
-    error: dict[str, JsonValue] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return canonical_json(error)
 
 
 def _settlement(frame: ToolResultFrame) -> Settlement:
@@ -486,7 +443,7 @@ class CallProxy:
         try:
             await self.ledger.reject(
                 entry.execution_id, entry.seq,
-                _error_json("cancelled", "the response was aborted before this call finished"),
+                encode_error("cancelled", "the response was aborted before this call finished"),
                 self.clock.now(),
             )  # fmt: skip
         except LeaseLost:
@@ -581,7 +538,7 @@ class CallProxy:
         limit = entry.idle_timeout
         closed = await self._close(
             entry,
-            _error_json(
+            encode_error(
                 "timeout",
                 f"the tool {entry.call.tool_name!r} ran past its time limit "
                 f"({limit:g} s without progress, at most {self.config.max_tool_timeout:g} s) "
@@ -666,7 +623,7 @@ class CallProxy:
             if problem is not None:
                 code, message = problem
                 if by_page:
-                    await self._refused_by_page(step, entry, _error_json(code, message))
+                    await self._refused_by_page(step, entry, encode_error(code, message))
                 reason: OutcomeReason = "too_large" if code == "output_too_large" else "invalid"
                 return Applied("invalid", reason, message, step)
             try:
@@ -688,7 +645,7 @@ class CallProxy:
             if by_page and settlement.error is None:
                 # Over the stored-size limit: the model reads why instead.
                 await self._refused_by_page(
-                    step, entry, _error_json("output_too_large", outcome.message)
+                    step, entry, encode_error("output_too_large", outcome.message)
                 )
                 return Applied("invalid", outcome.reason, "the result is too large to be stored")
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
@@ -1014,7 +971,7 @@ class CallProxy:
         if self.config.disconnect_policy == "fail":
             await self._close(
                 entry,
-                _error_json("disconnected", "the browser disconnected while the tool ran"),
+                encode_error("disconnected", "the browser disconnected while the tool ran"),
             )
         else:
             entry.target = None
@@ -1043,88 +1000,3 @@ class CallProxy:
     async def close(self) -> None:
         """Stop the timeouts that are settling calls right now."""
         await self.background.close()
-
-
-@dataclass(eq=False, slots=True)
-class _ApprovalWait:
-    execution_id: str
-    seq: int
-    future: asyncio.Future[None]
-
-
-@dataclass(slots=True)
-class Approvals:
-    """Pending approvals of needsApproval tools, keyed by (session, toolCallId)."""
-
-    ledger: Ledger
-    clock: Clock = SYSTEM_CLOCK
-    waiting: dict[tuple[str, str], _ApprovalWait] = field(default_factory=dict)
-    # Several processes on the ledger: the chat that answers may be on another one.
-    shared: bool = False
-
-    async def wait(self, session: str, step: Step, call: RequestedCall) -> None:
-        key = (session, call.tool_call_id)
-        wait = _ApprovalWait(
-            step.execution_id, step.seq, asyncio.get_running_loop().create_future()
-        )
-        # Waiting first: an answer that comes while the mark is written finds it.
-        self.waiting[key] = wait
-        try:
-            if self.shared:
-                await self.ledger.mark_approval(step.execution_id, step.seq, call.tool_call_id)
-            await wait.future
-        finally:
-            if self.waiting.get(key) is wait:
-                del self.waiting[key]
-
-    async def on_approval(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
-        """Settle an approval; a message for a protocol error when nothing waits for it."""
-        wait = self.waiting.get((peer.session, frame.tool_call_id))
-        if wait is None or wait.future.done():
-            return await self._elsewhere(peer, frame)
-        await self._answer(wait.execution_id, wait.seq, frame)
-        if not wait.future.done():
-            wait.future.set_result(None)
-        return None
-
-    async def _answer(self, execution_id: str, seq: int, frame: ToolApprovalFrame) -> bool:
-        verdict: dict[str, JsonValue] = {"approved": frame.approved}
-        if frame.reason is not None:
-            verdict["reason"] = frame.reason
-        outcome = await self.ledger.resolve(
-            execution_id, seq, canonical_json(verdict), self.clock.now()
-        )
-        if not outcome.ok:
-            outcome = await self.ledger.reject(
-                execution_id, seq, _error_json("invalid_output", outcome.message),
-                self.clock.now(),
-            )  # fmt: skip
-        return outcome.ok
-
-    async def _elsewhere(self, peer: Peer, frame: ToolApprovalFrame) -> str | None:
-        """An approval for a run on another process: answered in the ledger, its run woken."""
-        problem = f"no approval is pending for tool call {frame.tool_call_id[:64]!r}"
-        if not self.shared:
-            return problem
-        found = await self.ledger.approval_step(peer.session, frame.tool_call_id)
-        if found is None:
-            return problem
-        step, owner = found
-        if not await self._answer(step.execution_id, step.seq, frame):
-            return problem  # answered meanwhile
-        if owner is not None and owner != self.ledger.owner:
-            await self.ledger.notify(owner, "settled", "", step.execution_id, str(step.seq), "page")
-        return None
-
-    def wake(self, execution_id: str, seq: int) -> bool:
-        for wait in self.waiting.values():
-            if (wait.execution_id, wait.seq) == (execution_id, seq) and not wait.future.done():
-                wait.future.set_result(None)
-                return True
-        return False
-
-    def wake_expired(self, execution_ids: Iterable[str]) -> None:
-        expired = set(execution_ids)
-        for wait in self.waiting.values():
-            if wait.execution_id in expired and not wait.future.done():
-                wait.future.set_result(None)

@@ -54,9 +54,9 @@ from clienttools.protocol import (
     parse_client_frame,
 )
 
+from ..calls.pages import Client
 from ..clock import SYSTEM_CLOCK, Clock, Timer, sleep
 from ..config import ServerConfig
-from ..hub import Client
 from ..ledger import LeaseLost, LedgerUnavailable
 
 logger = logging.getLogger(__name__)

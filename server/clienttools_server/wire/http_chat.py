@@ -62,8 +62,9 @@ from clienttools.protocol import (
     dump_json,
 )
 
+from ..agent.launcher import BUSY
 from ..config import ServerConfig
-from ..hub import BUSY, Hub
+from ..hub import Hub
 from ..ledger import LeaseLost, LedgerUnavailable
 from ..wire.auth import access, authorize, route_of
 from ..wire.connection import MAX_SESSION_NAME, origin_allowed
