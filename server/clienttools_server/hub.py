@@ -49,9 +49,10 @@ from .agent.conversations import Conversations
 from .agent.launcher import RunLauncher
 from .agent.server_tools import ServerTool, ServerToolset
 from .calls.approvals import Approvals
+from .calls.delivery import Peer
 from .calls.output_schemas import OutputSchemas
 from .calls.pages import Client, Pages
-from .calls.proxy import CallProxy, Peer
+from .calls.proxy import CallProxy
 from .calls.settlement import Applied, OutsideSettlement, Settlement
 from .clock import SYSTEM_CLOCK, Clock
 from .cluster.handlers import BusHandlers
@@ -163,7 +164,7 @@ class Hub:
             "pending_calls": len(self.browser.pending),
             "timers": self.browser.timer_count,
             "approvals": len(self.approvals.waiting),
-            "relayed": len(self.browser.relayed),
+            "relayed": len(self.browser.relay.relayed),
             "active_responses": sum(len(s.logs) for s in self.pages.sessions.values()),
             "published_responses": len(shared.publishers) if shared is not None else 0,
             "followed_responses": len(shared.followers) if shared is not None else 0,
@@ -223,7 +224,7 @@ class Hub:
             await self.ledger.notify(None, REGISTERED, client.session)
 
     async def on_result(self, client: Client, frame: ToolResultFrame) -> ResultAckFrame:
-        return await self.browser.on_result(client, frame)
+        return await self.browser.results.on_result(client, frame)
 
     async def on_progress(self, client: Client, frame: ToolProgressFrame) -> None:
         await self.browser.on_progress(client, frame)

@@ -93,7 +93,7 @@ class Maintenance:
                 live = await self.ledger.keep_alive(self.clock.now())
                 if self.peers is not None:
                     self.peers.refresh()
-                await self.proxy.targets_lost(live)
+                await self.proxy.relay.targets_lost(live)
                 await self.runs.renew_now()
                 await self.runs.take_over_now()
             except LedgerUnavailable as exc:

@@ -25,8 +25,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_core import to_jsonable_python
 
-from ..agent.history import unknown_tool
-from ..agent.journal import JsonObject, RunJournal, call_input
+from .history import unknown_tool
+from .journal import JsonObject, RunJournal, call_input
 
 
 class ChunkWriter:

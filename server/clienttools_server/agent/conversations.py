@@ -50,10 +50,10 @@ from ..ledger import (
 )
 
 if TYPE_CHECKING:
-    from ..agent.chunk_log import Chunk
-    from ..agent.runs import RunRequest
     from ..calls.pages import Client
     from ..cluster.bus import Bus
+    from .chunk_log import Chunk
+    from .runs import RunRequest
 
 logger = logging.getLogger(__name__)
 

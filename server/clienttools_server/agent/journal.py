@@ -44,10 +44,10 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
-from ..agent.chunk_log import Chunk
-from ..agent.history import digest
 from ..canonical import canonical_json
 from ..ledger import Ledger, Resolution, Step
+from .chunk_log import Chunk
+from .history import digest
 
 logger = logging.getLogger(__name__)
 

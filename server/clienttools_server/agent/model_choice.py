@@ -22,7 +22,7 @@ from __future__ import annotations
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model, infer_model
 
-from ..agent.scripted import SCRIPTED, scripted_model
+from .scripted import SCRIPTED, scripted_model
 
 # Older pydantic-ai provider prefixes, still the names people know.
 _ALIASES = {"google-gla": "google", "google-vertex": "google-cloud"}

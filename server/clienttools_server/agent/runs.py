@@ -33,10 +33,6 @@ from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import ToolSpec
 
-from ..agent.chunks import ChunkWriter
-from ..agent.history import history_from_ui
-from ..agent.journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
-from ..agent.page_tools import PageToolset
 from ..canonical import canonical_json
 from ..config import ClientToolsMode
 from ..ledger import (
@@ -46,6 +42,10 @@ from ..ledger import (
     Ledger,
     UnknownExecution,
 )
+from .chunks import ChunkWriter
+from .history import history_from_ui
+from .journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
+from .page_tools import PageToolset
 
 logger = logging.getLogger(__name__)
 

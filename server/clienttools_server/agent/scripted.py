@@ -43,7 +43,7 @@ from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import TOOL_NAME_PATTERN
 
-from ..agent.history import unknown_tool
+from .history import unknown_tool
 
 JsonObject: TypeAlias = dict[str, JsonValue]
 

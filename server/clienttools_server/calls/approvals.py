@@ -26,7 +26,7 @@ from ..agent.journal import RequestedCall
 from ..canonical import canonical_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..ledger import Ledger, Step
-from .proxy import Peer
+from .delivery import Peer
 from .settlement import encode_error
 
 

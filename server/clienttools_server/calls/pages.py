@@ -32,8 +32,8 @@ from clienttools.protocol import (
 
 from ..cluster.routing import Peers, tools_json
 from ..ledger import Ledger
+from .delivery import Peer
 from .output_schemas import OutputSchemas
-from .proxy import Peer
 from .remembered import RememberedTools
 
 if TYPE_CHECKING:

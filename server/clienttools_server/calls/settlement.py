@@ -2,7 +2,7 @@
 
 A step of a ``client`` or ``approval`` call is settled by a :class:`Settlement`
 (an output or an error). A page's result and a resolve from outside both go
-through :meth:`~clienttools_server.calls.proxy.CallProxy.apply`, which answers
+through :meth:`~clienttools_server.calls.results.Results.apply`, which answers
 with :class:`Applied`. :class:`OutsideSettlement` is the one place a step is
 settled from outside the page (S8): ``Hub.resolve``, ``Hub.reject`` and the
 HTTP routes (:class:`~clienttools_server.calls.pending.PendingCalls`) end here.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
-from clienttools.protocol import AckOutcome
+from clienttools.protocol import AckOutcome, ResultAckFrame, ToolResultFrame
 
 from ..canonical import canonical_json
 from ..cluster.routing import SETTLED
@@ -125,7 +125,7 @@ class OutsideSettlement:
             return refused
         if step is None:
             return Applied("stale", "not_found", f"no step {seq} in execution {execution_id}")
-        applied = await self._proxy.apply(step, settlement, by_page=False)
+        applied = await self._proxy.results.apply(step, settlement, by_page=False)
         if applied.ok and step.resolution == "approval":
             self._approvals.wake(execution_id, seq)
         if applied.ok and self._shared:
@@ -161,3 +161,23 @@ def encode_error(code: str, message: str, data: JsonValue = None) -> str:
     if data is not None:
         error["data"] = data
     return canonical_json(error)
+
+
+def settlement_of(frame: ToolResultFrame) -> Settlement:
+    """What a page's result frame settles its step with."""
+    if frame.error is not None:
+        return Settlement(error=frame.error.model_dump(mode="json", exclude_none=True))
+    return Settlement(output=frame.output)
+
+
+def ack(request_id: str, outcome: AckOutcome, message: str | None = None) -> ResultAckFrame:
+    return ResultAckFrame(request_id=request_id, outcome=outcome, message=message)
+
+
+def page_ack(request_id: str, applied: Applied) -> ResultAckFrame:
+    """The ack a page's result gets for what applying it did."""
+    if applied.outcome == "duplicate":
+        return ack(request_id, "duplicate")
+    if applied.outcome == "stale":
+        return ack(request_id, "stale", "the call was already settled")
+    return ack(request_id, applied.outcome, None if applied.ok else applied.message)

@@ -80,39 +80,39 @@ class BusHandlers:
             timeout_ms=int(timeout_ms) or None,
             attempt=int(attempt),
         )
-        self.proxy.relay_invoke(sender, client, step, frame)
+        self.proxy.relay.invoke(sender, client, step, frame)
 
     async def _on_cancel(self, sender: str, args: tuple[str, ...]) -> None:
         connection_id, request_id, reason = args
-        self.proxy.relay_cancel(
+        self.proxy.relay.cancel(
             request_id, cast("CancelReason", reason), self.pages.connections.get(connection_id)
         )
 
     async def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, execution_id, seq, how = args
         if how == "outside" and request_id:
-            self.proxy.remember_superseded(request_id)
+            self.proxy.results.remember_superseded(request_id)
         if sender == self.ledger.owner:
             return  # settled here: woken already
-        if not await self.proxy.settled_elsewhere(request_id, execution_id, int(seq), how):
+        if not await self.proxy.relay.settled_elsewhere(request_id, execution_id, int(seq), how):
             self.approvals.wake(execution_id, int(seq))  # an approval answered elsewhere
 
     async def _on_progress(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, progress = args
-        self.proxy.progressed_elsewhere(sender, request_id, float(progress))
+        self.proxy.relay.progressed_elsewhere(sender, request_id, float(progress))
 
     async def _on_gone(self, sender: str, args: tuple[str, ...]) -> None:
         request_id, connection_id = args
         entry = self.proxy.pending.get(request_id)
         if entry is not None:
             self.pages.forget(entry.session)  # the connection may be one we still had
-        await self.proxy.gone_elsewhere(sender, request_id, connection_id)
+        await self.proxy.relay.gone_elsewhere(sender, request_id, connection_id)
 
     async def _on_registered(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
             (session,) = args
             self.pages.forget(session)
-            await self.proxy.registered_elsewhere(session)
+            await self.proxy.relay.registered_elsewhere(session)
 
     async def _on_unregistered(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
@@ -129,10 +129,13 @@ class BusHandlers:
         """
         if self.pages.peers is not None:
             self.pages.peers.refresh()
-        await self.proxy.resync()
+        await self.proxy.relay.resync()
         delivered = await self.ledger.delivered_to(list(self.pages.connections))
         for request_id, connection_id, owner in delivered:
-            if request_id not in self.proxy.relayed and owner not in (None, self.ledger.owner):
+            if request_id not in self.proxy.relay.relayed and owner not in (
+                None,
+                self.ledger.owner,
+            ):
                 await self.ledger.notify(owner, GONE, request_id, connection_id)
 
     async def _on_expired(self, sender: str, args: tuple[str, ...]) -> None:

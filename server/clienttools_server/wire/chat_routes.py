@@ -1,4 +1,4 @@
-"""The HTTP routes of the stored chats (rules H1-H5): JSON out, the authorizer of ``routes``.
+"""The HTTP routes of the stored chats (rules H1-H5): JSON out, pending_routes' authorizer.
 
     GET    /chats?session=&limit=&before=   {"chats": [{"id", "session", "messageCount",
                                                         "version", "updatedAt"}]} newest first
@@ -27,8 +27,8 @@ from ..agent.conversations import Conversations
 from ..calls.pending import iso_time
 from ..hub import Hub
 from ..ledger import StoredChat
-from ..wire.auth import Principal, access, authorize, route_of, unauthorized
-from ..wire.pending_routes import _message, listing_limit
+from .auth import Principal, access, authorize, route_of, unauthorized
+from .pending_routes import _message, listing_limit
 
 logger = logging.getLogger(__name__)
 

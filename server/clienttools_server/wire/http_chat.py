@@ -66,8 +66,8 @@ from ..agent.launcher import BUSY
 from ..config import ServerConfig
 from ..hub import Hub
 from ..ledger import LeaseLost, LedgerUnavailable
-from ..wire.auth import access, authorize, route_of
-from ..wire.connection import MAX_SESSION_NAME, origin_allowed
+from .auth import access, authorize, route_of
+from .connection import MAX_SESSION_NAME, origin_allowed
 
 logger = logging.getLogger(__name__)
 

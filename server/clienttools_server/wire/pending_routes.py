@@ -41,7 +41,7 @@ from ..calls.pending import (
     PendingCalls,
 )
 from ..config import ServerConfig
-from ..wire.auth import Principal, access, authorize, route_of, unauthorized
+from .auth import Principal, access, authorize, route_of, unauthorized
 
 logger = logging.getLogger(__name__)
 
