@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from bench import bounded
-from clienttools_server.auth import Access, Principal, mint_token, verify_token
 from clienttools_server.ledger import SqliteLedger
+from clienttools_server.wire.auth import Access, Principal, mint_token, verify_token
 
 SECRET = "bench-secret-0123456789abcdef"
 

@@ -36,8 +36,8 @@ from pydantic import BaseModel
 from starlette.requests import HTTPConnection
 
 from clienttools_server.app import create_app
-from clienttools_server.auth import Principal, TokenRefused, mint_token, verify_token
 from clienttools_server.config import ServerConfig
+from clienttools_server.wire.auth import Principal, TokenRefused, mint_token, verify_token
 
 COOKIE = "clienttools_session"
 SESSION_SECONDS = 8 * 3600

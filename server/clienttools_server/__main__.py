@@ -19,11 +19,11 @@ from typing import NoReturn
 
 import uvicorn
 
-from .agents import AgentLoadError
+from .agent.agents import AgentLoadError
+from .agent.model_choice import ModelChoiceError
 from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
 from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
-from .model_choice import ModelChoiceError
 from .startup import StartupError, check_startup
 from .token_command import secret_type, token_command
 

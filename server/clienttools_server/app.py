@@ -1,6 +1,6 @@
 """The Starlette application: lifespan (ledger, hub), the chat WebSocket, the AI SDK's HTTP
-chat transport (:mod:`clienttools_server.http_chat`), the pending-call routes
-(``/executions``, see :mod:`clienttools_server.routes`), static files.
+chat transport (:mod:`clienttools_server.wire.http_chat`), the pending-call routes
+(``/executions``, see :mod:`clienttools_server.wire.pending_routes`), static files.
 
 config = ServerConfig(port=0)
 app = create_app(config)                       # serve it with uvicorn, or:
@@ -30,8 +30,17 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .agents import default_agent, load_agent
-from .auth import (
+from .agent.agents import default_agent, load_agent
+from .agent.model_choice import choose_model
+from .agent.scripted import SCRIPTED
+from .agent.server_tools import ServerTool, default_server_tools
+from .calls.pending import PendingCalls
+from .clock import SYSTEM_CLOCK, Clock
+from .cluster.bus import Bus
+from .config import ServerConfig
+from .hub import Hub
+from .ledger import DEFAULT_LEASE, Ledger, LedgerUnavailable, SqliteLedger
+from .wire.auth import (
     CLOSE_NOT_YOURS,
     Access,
     Authorizer,
@@ -41,20 +50,11 @@ from .auth import (
     redact_tokens,
     route_of,
 )
-from .chat_routes import chat_routes
-from .clock import SYSTEM_CLOCK, Clock
-from .cluster import Bus
-from .config import ServerConfig
-from .connection import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER, Connection, admitted
-from .http_chat import chat_http_routes
-from .hub import Hub
-from .ledger import DEFAULT_LEASE, Ledger, LedgerUnavailable, SqliteLedger
-from .model_choice import choose_model
-from .pending import PendingCalls
-from .routes import pending_routes
-from .scripted import SCRIPTED
-from .server_tools import ServerTool, default_server_tools
-from .websocket_protocol import WebSocketProtocol
+from .wire.chat_routes import chat_routes
+from .wire.connection import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER, PageConnection, admitted
+from .wire.http_chat import chat_http_routes
+from .wire.pending_routes import pending_routes
+from .wire.websocket_protocol import WebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         # Accepted only to say why, before any frame, with no reason text (O1, O4).
         await websocket.close(code=CLOSE_NOT_YOURS)
         return
-    await Connection(websocket, session, hub, config, hub.clock).serve()
+    await PageConnection(websocket, session, hub, config, hub.clock).serve()
 
 
 async def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
@@ -170,7 +170,7 @@ def open_bus(db: str | None, ledger: Ledger) -> Bus | None:
     """The bus to the other processes of a shared (PostgreSQL) ledger; None for SQLite."""
     if db is None or not db.startswith(POSTGRES_SCHEMES):
         return None
-    from .cluster import Bus
+    from .cluster.bus import Bus
     from .ledger_postgres import PostgresLedger
 
     assert isinstance(ledger, PostgresLedger)
@@ -223,9 +223,9 @@ def create_app(
     replaces the agent's model; ``server_tools`` the default server tools.
     ``authorize`` is where identity enters: called with every WebSocket
     handshake and every HTTP request of the chat and pending-call routes, it
-    returns the :class:`~clienttools_server.auth.Principal` or None to refuse
+    returns the :class:`~clienttools_server.wire.auth.Principal` or None to refuse
     (sync or async); without it, the token rules of ``config``
-    (:func:`~clienttools_server.auth.default_authorizer`).
+    (:func:`~clienttools_server.wire.auth.default_authorizer`).
     """
     chosen_agent, chosen_model = serving(config, agent, model)
     authorizer = authorize if authorize is not None else default_authorizer(config, clock)
@@ -242,7 +242,7 @@ def create_app(
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
-        app.state.pending = PendingCalls(hub, ledger)
+        app.state.pending = PendingCalls(hub.outside, ledger)
         app.state.access = Access(authorizer, ledger, clock)
         try:
             if bus is not None:

@@ -52,7 +52,7 @@ class ServerConfig:
     # Accepted by the /executions routes only (operators, webhooks); never by the WebSocket.
     # With either token set, every route needs one of them.
     admin_token: str | None = None
-    # Signed tokens (clienttools_server.auth.mint_token) are checked with this secret where
+    # Signed tokens (clienttools_server.wire.auth.mint_token) are checked with this secret where
     # the tokens above go; with it set, a request without a valid credential is refused.
     secret: str | None = None
     # Allowed ``Origin`` values; empty means the server's own origin only; "*" allows any.

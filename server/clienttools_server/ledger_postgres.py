@@ -91,7 +91,7 @@ import psycopg
 import psycopg_pool
 
 from .canonical import canonicalize
-from .cluster import encode
+from .cluster.bus import encode
 from .ledger import (
     DEFAULT_LEASE,
     FINISHED_STATUSES,
@@ -721,7 +721,7 @@ class PostgresLedger:
         self._closed = True
         await self._pool.close()
 
-    # the bus (clienttools_server.cluster)
+    # the bus (clienttools_server.cluster.bus)
 
     @property
     def owner(self) -> str:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .auth import MAX_ID, check_secret, mint_token
+from .wire.auth import MAX_ID, check_secret, mint_token
 
 
 class _Parser(argparse.ArgumentParser):

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from clienttools_server.agent.runs import RunRequest
 from clienttools_server.app import open_ledger
-from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, Page, Spy, prompt_for, spy_first
 from tests.reliability.results import Scenario
 from tests.support.faultproxy import FaultProxy

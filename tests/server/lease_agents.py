@@ -17,7 +17,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCalls, FunctionModel
 
-from clienttools_server.scripted import answer
+from clienttools_server.agent.scripted import answer
 
 
 def _count_request(messages: list[ModelMessage]) -> None:

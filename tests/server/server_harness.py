@@ -26,9 +26,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from clienttools.protocol import parse_server_frame
+from clienttools_server.agent.history import digest, history_from_ui
+from clienttools_server.agent.scripted import scripted_model
 from clienttools_server.canonical import canonical_json
-from clienttools_server.history import digest, history_from_ui
-from clienttools_server.scripted import scripted_model
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"

@@ -17,9 +17,9 @@ from pydantic_ai import Agent
 from pydantic_ai.models.test import TestModel
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
+from clienttools_server.agent.scripted import scripted_model
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
-from clienttools_server.scripted import scripted_model
 from tests.support.wait import wait_until
 
 

@@ -29,7 +29,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clienttools_server.app import RunningServer, create_app, running_server, uvicorn_config
-from clienttools_server.auth import (
+from clienttools_server.config import ServerConfig
+from clienttools_server.wire.auth import (
     ADMIN,
     CLOSE_NOT_YOURS,
     SHARED,
@@ -40,7 +41,6 @@ from clienttools_server.auth import (
     mint_token,
     verify_token,
 )
-from clienttools_server.config import ServerConfig
 from tests.support.http import http_json
 from tests.support.server_process import ROOT
 
@@ -331,7 +331,7 @@ async def test_async_failing_and_nonsense_authorizers(
     authorizers = {"async": asynchronous, "raises": raises, "nonsense": nonsense}
     authorizer = authorizers.get(kind, empty)
     config = ServerConfig(port=0, log_level="warning")
-    with caplog.at_level(logging.INFO, "clienttools_server.auth"):
+    with caplog.at_level(logging.INFO, "clienttools_server.wire.auth"):
         async with running_server(config, authorize=authorizer) as server:
             url = server.ws_url("desk") + "?user=alice"
             reply = await http_json(

@@ -33,7 +33,7 @@ from server_harness import ChunkCollector, FakeBrowser, tool_spec
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from clienttools_server.auth import CLOSE_NOT_YOURS, mint_token
+from clienttools_server.wire.auth import CLOSE_NOT_YOURS, mint_token
 from tests.support.http import Reply, http_json
 from tests.support.server_process import ServerProcess, running
 from tests.support.wait import wait_until

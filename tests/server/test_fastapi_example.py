@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clienttools import ToolClient
 from clienttools.native import NativeConnector
-from clienttools_server.auth import CLOSE_NOT_YOURS
+from clienttools_server.wire.auth import CLOSE_NOT_YOURS
 from tests.support.http import Reply, http_json
 from tests.support.server_process import ROOT, free_port
 from tests.support.wait import wait_until

@@ -28,8 +28,8 @@ from server_harness import sqlite_rows
 
 from clienttools import ToolClient
 from clienttools_server.app import running_server
+from clienttools_server.calls.pending import InvalidQuery
 from clienttools_server.config import ServerConfig
-from clienttools_server.pending import InvalidQuery
 from tests.support.http import Reply, http_json
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until

@@ -14,10 +14,11 @@ import asyncio
 from dataclasses import dataclass, field
 
 from clienttools.protocol import InvokeFrame, ToolApprovalFrame, ToolSpec, WireModel
+from clienttools_server.agent.journal import RequestedCall
+from clienttools_server.calls.approvals import Approvals
+from clienttools_server.calls.proxy import CallProxy, DeliveryState
 from clienttools_server.config import ServerConfig
-from clienttools_server.journal import ToolCall
 from clienttools_server.ledger import Outcome, Step
-from clienttools_server.proxy import Approvals, BrowserTools, DeliveryState
 
 
 def pending_step(resolution: str = "client") -> Step:
@@ -90,8 +91,8 @@ async def test_a_delivery_overtaken_while_it_read_the_registrations_does_not_par
         await asyncio.sleep(0.01 if seen is None else 0.001)
         return seen
 
-    tools = BrowserTools(SlowLedger(), ServerConfig(port=0), find_peer, durable=True)  # type: ignore[arg-type]
-    started = await tools.start("s1", pending_step(), ToolCall("call-1", "t", {}))
+    tools = CallProxy(SlowLedger(), ServerConfig(port=0), find_peer, durable=True)  # type: ignore[arg-type]
+    started = await tools.start("s1", pending_step(), RequestedCall("call-1", "t", {}))
     entry = started.entry
     assert [type(f) for f in old.sent] == [InvokeFrame]
     old.is_open = False
@@ -111,7 +112,7 @@ async def test_an_approval_answered_while_its_mark_is_written_wakes_the_run() ->
     ledger = SlowLedger()
     approvals = Approvals(ledger, shared=True)  # type: ignore[arg-type]
     waiting = asyncio.create_task(
-        approvals.wait("s1", pending_step("approval"), ToolCall("call-1", "t", {}))
+        approvals.wait("s1", pending_step("approval"), RequestedCall("call-1", "t", {}))
     )
     await asyncio.sleep(0.001)  # the mark is being written
     assert not ledger.marked

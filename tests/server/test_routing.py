@@ -2,7 +2,7 @@
 
 A chat's run lives on the process its chat socket reached; the page whose tool
 it calls may be connected to another one. The call travels there and back over
-the ledger's LISTEN/NOTIFY bus (clienttools_server.routing), with every rule of
+the ledger's LISTEN/NOTIFY bus (clienttools_server.cluster.routing), with every rule of
 one process kept: S2 across the cluster, S5's acks, S3's clocks, S4 and C7.
 """
 

@@ -1,4 +1,4 @@
-"""The bus between processes (clienttools_server.cluster) on a real PostgreSQL.
+"""The bus between processes (clienttools_server.cluster.bus) on a real PostgreSQL.
 
 Two ledgers on one schema stand for two server processes; each has its own Bus.
 """
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import psycopg
 import pytest
 
-from clienttools_server.cluster import Bus, decode, encode
+from clienttools_server.cluster.bus import Bus, decode, encode
 from clienttools_server.ledger import SqliteLedger
 from clienttools_server.ledger_postgres import PostgresLedger
 from tests.support.postgres import PostgresServer

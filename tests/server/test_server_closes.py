@@ -13,7 +13,7 @@ never a reset in place of the close frame (the 1006 a browser would report).
     peer.send_raw(peer.frame_bytes(payload))     # the refused frame
     frames, reset = peer.read_to_end()           # replies, close frame, end; reset=False
 
-Without the half-close in clienttools_server.websocket_protocol both cases read a
+Without the half-close in clienttools_server.wire.websocket_protocol both cases read a
 few dozen replies and then a reset: the close frame is lost.
 """
 

@@ -15,11 +15,11 @@ from server_harness import (
     tool_spec,
 )
 
+from clienttools_server.agent.runs import RunRequest
 from clienttools_server.app import running_server
 from clienttools_server.canonical import canonical_json
 from clienttools_server.config import ServerConfig
 from clienttools_server.ledger import SqliteLedger
-from clienttools_server.runs import RunRequest
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 

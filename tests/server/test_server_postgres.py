@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from clienttools_server.agent.runs import RunRequest
 from clienttools_server.app import open_ledger
-from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, Page, prompt_for
 from tests.server.server_harness import Response
 from tests.support.faultproxy import FaultProxy

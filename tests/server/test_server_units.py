@@ -24,17 +24,17 @@ from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
 from clienttools_server.__main__ import config_from_args, parser
+from clienttools_server.agent.scripted import parse_call_line, scripted_model, words
 from clienttools_server.app import StaticDirs
-from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
-from clienttools_server.proxy import (
+from clienttools_server.calls.delivery import (
     DELIVERY_TRANSITIONS,
     LATE_RESULT,
     DeliveryEvent,
     DeliveryState,
     next_delivery_state,
 )
-from clienttools_server.schema import OutputSchemas
-from clienttools_server.scripted import parse_call_line, scripted_model, words
+from clienttools_server.calls.output_schemas import OutputSchemas
+from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 

@@ -4,7 +4,7 @@ process published, its tap, and a subscriber ahead of a mirrored log."""
 from __future__ import annotations
 
 from clienttools.protocol import ChunkFrame, WireModel
-from clienttools_server.stream import Chunk, ChunkLog
+from clienttools_server.agent.chunk_log import Chunk, ChunkLog
 
 
 def frames_of(sent: list[WireModel]) -> list[tuple[str, int | None, Chunk | None]]:

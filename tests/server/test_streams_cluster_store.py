@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger
 from clienttools_server.ledger_postgres import PostgresLedger
-from clienttools_server.shared_stream import ChunkStore
 from tests.support.postgres import PostgresServer
 
 T0 = 1_700_000_000.0

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from clienttools.protocol import ChunkFrame, EndFrame, ErrorFrame, NoActiveFrame, StartFrame
-from clienttools_server.http_chat import (
+from clienttools_server.wire.http_chat import (
     DONE,
     ChatRequestError,
     ResponsePeer,

@@ -2,7 +2,7 @@
 
 The durable pause of a run, made public: an app, an operator or a webhook
 lists the executions that wait for a browser call or a human approval and
-settles one. What the HTTP routes (:mod:`clienttools_server.routes`) call;
+settles one. What the HTTP routes (:mod:`clienttools_server.wire.pending_routes`) call;
 each operation never raises, and only an ``applied`` answer changes the ledger.
 
     pending = app.state.pending                       # or server.pending (running_server)
@@ -28,10 +28,9 @@ from typing import Literal, TypeAlias, cast, get_args
 
 from pydantic import JsonValue
 
-from .hub import Hub
-from .journal import approval_name
-from .ledger import Execution, ExecutionStatus, Ledger, Resolution, Step
-from .proxy import Applied, Settlement
+from ..agent.journal import approval_name
+from ..ledger import Execution, ExecutionStatus, Ledger, Resolution, Step
+from .settlement import Applied, OutsideSettlement, Settlement
 
 Answered: TypeAlias = Literal["applied", "duplicate", "stale", "invalid", "not_found"]
 
@@ -140,8 +139,8 @@ class PendingCalls:
     invoke gets a ``superseded`` cancel.
     """
 
-    def __init__(self, hub: Hub, ledger: Ledger) -> None:
-        self.hub = hub
+    def __init__(self, outside: OutsideSettlement, ledger: Ledger) -> None:
+        self.outside = outside
         self.ledger = ledger
 
     # -- reading ------------------------------------------------------------------------
@@ -281,7 +280,7 @@ class PendingCalls:
                 f"step {seq} of execution {execution_id} is a {step.kind} step the server "
                 "settles itself; only client and approval steps can be settled from outside",
             )
-        return _answer(await self.hub.settle(execution_id, seq, settlement))
+        return _answer(await self.outside.settle(execution_id, seq, settlement))
 
 
 def _answer(applied: Applied) -> Answer:

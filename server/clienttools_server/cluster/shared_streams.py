@@ -1,7 +1,7 @@
 """A chat's response across server processes: the shared chunk log in PostgreSQL.
 
 A response streams from the process that owns its run, from its
-:class:`~clienttools_server.stream.ChunkLog` in memory, as on one process.
+:class:`~clienttools_server.agent.chunk_log.ChunkLog` in memory, as on one process.
 With a shared ledger (PostgreSQL, docs/scaling.md) that owner also writes the
 log's chunks to the ``chunks`` table (execution id, seq, chunk JSON; one row
 with no JSON after the last chunk: the response ended), so that any other
@@ -59,13 +59,13 @@ from typing import Any, Protocol
 
 from clienttools.protocol import AbortFrame, NoActiveFrame, ResumeFrame, WireModel
 
-from .canonical import canonical_json
-from .clock import Clock, Timer, sleep
-from .cluster import encode
-from .ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable
-from .ledger_postgres import _escape
-from .stream import Chunk, ChunkLog
-from .tasks import Background
+from ..agent.chunk_log import Chunk, ChunkLog
+from ..canonical import canonical_json
+from ..clock import Clock, Timer, sleep
+from ..cluster.bus import encode
+from ..ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable
+from ..ledger_postgres import _escape
+from ..tasks import Background
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Notifications(Protocol):
     def on_reconnect(self, handler: Callable[[], Awaitable[None]]) -> None: ...
 
 
-class Peer(Protocol):
+class StreamClient(Protocol):
     """A connection, as far as a resume needs it."""
 
     @property
@@ -458,7 +458,7 @@ class SharedStreams:
 
     # -- a follower -----------------------------------------------------------------
 
-    async def resume(self, client: Peer, frame: ResumeFrame) -> None:
+    async def resume(self, client: StreamClient, frame: ResumeFrame) -> None:
         """S7 for a response that does not stream on this process: follow it from the table.
 
         As on the owner: a response that is still going on, or (with
@@ -497,7 +497,7 @@ class SharedStreams:
             log.end_replay()
             await self.follow(execution_id, session, log)
 
-    async def abort(self, client: Peer, frame: AbortFrame) -> bool:
+    async def abort(self, client: StreamClient, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""
         for follower in self.followers.values():
             if follower.session == client.session and frame.request_id in follower.log.request_ids:

@@ -24,7 +24,7 @@ from pydantic import JsonValue
 
 from clienttools.protocol import ChunkFrame, EndFrame, ErrorFrame, StartFrame, WireModel
 
-from .canonical import canonical_json
+from ..canonical import canonical_json
 
 Send = Callable[[WireModel], None]
 Chunk = dict[str, JsonValue]
@@ -39,7 +39,7 @@ class Subscriber:
     # Whatever identifies the peer (a connection id), so a closed peer can be dropped.
     owner: str
     send: Send
-    # The last sequence it has: a log that mirrors another process's (shared_stream.py)
+    # The last sequence it has: a log that mirrors another process's (cluster/shared_streams.py)
     # may be behind what the page saw there.
     after: int = -1
 

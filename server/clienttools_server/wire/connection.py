@@ -14,7 +14,7 @@ writer task, so runs, timers and acks never interleave partial sends.
         await websocket.close(code=4403)        # another principal's session (O1)
     else:
         await websocket.accept()
-        await Connection(websocket, session, hub, config, clock).serve()
+        await PageConnection(websocket, session, hub, config, clock).serve()
 
 A connection knows the server only as a :class:`Router` (the hub implements it):
 it hands over each parsed frame and sends what comes back.
@@ -54,10 +54,10 @@ from clienttools.protocol import (
     parse_client_frame,
 )
 
-from .clock import SYSTEM_CLOCK, Clock, Timer, sleep
-from .config import ServerConfig
-from .hub import Client
-from .ledger import LeaseLost, LedgerUnavailable
+from ..calls.pages import Client
+from ..clock import SYSTEM_CLOCK, Clock, Timer, sleep
+from ..config import ServerConfig
+from ..ledger import LeaseLost, LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def origin_allowed(origin: str | None, host: str | None, config: ServerConfig) -
 
 def admitted(websocket: WebSocket, config: ServerConfig) -> bool:
     """S10: Origin allow-list and a sane session name (the token is the authorizer's:
-    :mod:`clienttools_server.auth`)."""
+    :mod:`clienttools_server.wire.auth`)."""
     session = websocket.path_params.get("session", "")
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_NAME:
         return False
@@ -132,7 +132,7 @@ def admitted(websocket: WebSocket, config: ServerConfig) -> bool:
     return True
 
 
-class Connection:
+class PageConnection:
     """A live socket as the hub and the proxy see it (a ``Client``)."""
 
     def __init__(

@@ -32,7 +32,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_core import to_jsonable_python
 
-from .canonical import canonical_json
+from ..canonical import canonical_json
 
 
 def history_from_ui(ui_messages: Sequence[JsonValue]) -> list[ModelMessage]:

@@ -39,9 +39,9 @@ from clienttools.protocol import (
 )
 from clienttools.uimessage import ToolPart, UIMessage
 
-from .canonical import canonical_json
-from .clock import Clock
-from .ledger import (
+from ..canonical import canonical_json
+from ..clock import Clock
+from ..ledger import (
     ChatOfOtherSession,
     ChatSummary,
     Ledger,
@@ -50,10 +50,10 @@ from .ledger import (
 )
 
 if TYPE_CHECKING:
-    from .cluster import Bus
-    from .hub import Client
+    from ..calls.pages import Client
+    from ..cluster.bus import Bus
+    from .chunk_log import Chunk
     from .runs import RunRequest
-    from .stream import Chunk
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from pydantic import JsonValue
 
-from .canonical import canonical_json
+from ..canonical import canonical_json
 
 # How many violations one message names; how many compiled schemas one server keeps.
 MAX_ERRORS = 5

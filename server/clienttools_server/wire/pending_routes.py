@@ -11,7 +11,7 @@ Every POST answers ``{"outcome", "message"?}``: 200 ``applied``, 409
 outputSchema, a body of another shape, the wrong kind of step); 404
 ``{"message"}`` for an unknown execution or seq. A GET with a bad query gets
 422 ``{"message"}``. Every route asks the app's authorizer
-(:mod:`clienttools_server.auth`; by default ``Authorization: Bearer`` with
+(:mod:`clienttools_server.wire.auth`; by default ``Authorization: Bearer`` with
 ``--token`` or ``--admin-token`` when either is set): refused, 401 with no
 body. A principal sees and settles only the executions of its own sessions
 (an operator every one); another's is a 404 word for word as for one that
@@ -32,9 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .auth import Principal, access, authorize, route_of, unauthorized
-from .config import ServerConfig
-from .pending import (
+from ..calls.pending import (
     DEFAULT_LIMIT,
     DEFAULT_REJECT_CODE,
     MAX_LIMIT,
@@ -42,6 +40,8 @@ from .pending import (
     InvalidQuery,
     PendingCalls,
 )
+from ..config import ServerConfig
+from .auth import Principal, access, authorize, route_of, unauthorized
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ wraps the run's model and :class:`JournaledToolset` the server-side tools, the
 way pydantic-ai's durable integrations wrap them; the page toolset settles its
 calls through the same :class:`RunJournal`. Re-running an execution replays
 recorded steps instead of asking the model or a page again, and a step that
-asks for something other than its record raises :class:`~.ledger.Divergence`
+asks for something other than its record raises :class:`~clienttools_server.ledger.Divergence`
 naming the step.
 
 A model step is written once, with its answer, in one ledger transaction with
@@ -44,10 +44,10 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
-from .canonical import canonical_json
+from ..canonical import canonical_json
+from ..ledger import Ledger, Resolution, Step
+from .chunk_log import Chunk
 from .history import digest
-from .ledger import Ledger, Resolution, Step
-from .stream import Chunk
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ RETRY = "retry"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
+class RequestedCall:
     """One call the model asked for: what an invoke carries to the page."""
 
     tool_call_id: str
@@ -95,18 +95,18 @@ class DeliveredCall(Protocol):
 class PageCalls(Protocol):
     """How a run reaches the pages of its session: the browser-call proxy and approvals."""
 
-    async def start_client_tool(self, step: Step, call: ToolCall) -> DeliveredCall:
+    async def start_client_tool(self, step: Step, call: RequestedCall) -> DeliveredCall:
         """Deliver the call of a pending ``client`` step now; wait for it later.
 
         Inside a ledger batch the invoke leaves once the batch has committed.
         """
         ...
 
-    async def run_client_tool(self, step: Step, call: ToolCall) -> Step | None:
+    async def run_client_tool(self, step: Step, call: RequestedCall) -> Step | None:
         """Deliver and return once the step is settled: the settled step, or None."""
         ...
 
-    async def await_approval(self, step: Step, call: ToolCall) -> None:
+    async def await_approval(self, step: Step, call: RequestedCall) -> None:
         """Return once the approval step is no longer pending."""
         ...
 
@@ -125,7 +125,7 @@ def new_request_id() -> str:
 class PlannedCall:
     """The ledger steps of one tool call, recorded with the model answer that asked for it."""
 
-    call: ToolCall
+    call: RequestedCall
     approval: Step | None
     tool: Step
     # Delivered while it was recorded (a browser call with no approval to wait for).
@@ -218,7 +218,7 @@ class RunJournal:
     async def record_answer(self, name: str, step: ModelStep, response: ModelResponse) -> None:
         """Record the answer (unless replayed) and plan and deliver the calls it asks for."""
         calls = [
-            ToolCall(p.tool_call_id, p.tool_name, call_input(p))
+            RequestedCall(p.tool_call_id, p.tool_name, call_input(p))
             for p in response.parts
             if isinstance(p, ToolCallPart)
             and p.tool_name not in self.deferred_tools
@@ -271,7 +271,7 @@ class RunJournal:
 
     # -- tool steps ------------------------------------------------------------------
 
-    async def _plan(self, call: ToolCall) -> PlannedCall:
+    async def _plan(self, call: RequestedCall) -> PlannedCall:
         """Record the call's steps in call order, so parallel calls get stable seqs."""
         input_json = canonical_json(call.input)
         seq = self._next_seq()

@@ -1,4 +1,4 @@
-"""The HTTP routes of the stored chats (rules H1-H5): JSON out, the authorizer of ``routes``.
+"""The HTTP routes of the stored chats (rules H1-H5): JSON out, pending_routes' authorizer.
 
     GET    /chats?session=&limit=&before=   {"chats": [{"id", "session", "messageCount",
                                                         "version", "updatedAt"}]} newest first
@@ -23,12 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..agent.conversations import Conversations
+from ..calls.pending import iso_time
+from ..hub import Hub
+from ..ledger import StoredChat
 from .auth import Principal, access, authorize, route_of, unauthorized
-from .conversations import Conversations
-from .hub import Hub
-from .ledger import StoredChat
-from .pending import iso_time
-from .routes import _message, listing_limit
+from .pending_routes import _message, listing_limit
 
 logger = logging.getLogger(__name__)
 

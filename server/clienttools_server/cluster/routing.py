@@ -5,7 +5,7 @@ Every connection that registers tools is a row of the ledger's
 from one sequence for the whole cluster, and its tools). The session's most
 recent live registration that offers a tool gets the call: a connection of
 this process, or a :class:`RemotePeer` on another one. A remote peer looks like
-any other :class:`~clienttools_server.proxy.Peer` to the proxy; its ``send``
+any other :class:`~clienttools_server.calls.proxy.Peer` to the proxy; its ``send``
 turns the invoke or the cancel into a notification to its process (ids only;
 the receiver reads the step row and sends the real frame to its socket). A
 send is synchronous, as a socket's is: the :class:`Outbox` sends its
@@ -51,7 +51,7 @@ from pydantic import ValidationError
 
 from clienttools.protocol import CancelFrame, InvokeFrame, ToolSpec, WireModel
 
-from .ledger import Ledger, LedgerUnavailable, Registration
+from ..ledger import Ledger, LedgerUnavailable, Registration
 
 logger = logging.getLogger(__name__)
 

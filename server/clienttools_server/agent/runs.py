@@ -33,18 +33,18 @@ from pydantic_core import to_jsonable_python
 
 from clienttools.protocol import ToolSpec
 
-from .canonical import canonical_json
-from .chunks import ChunkWriter
-from .config import ClientToolsMode
-from .history import history_from_ui
-from .journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
-from .ledger import (
+from ..canonical import canonical_json
+from ..config import ClientToolsMode
+from ..ledger import (
     Divergence,
     InvalidTransition,
     LeaseLost,
     Ledger,
     UnknownExecution,
 )
+from .chunks import ChunkWriter
+from .history import history_from_ui
+from .journal import Emit, JournaledModel, JournaledToolset, PageCalls, RunFailed, RunJournal
 from .page_tools import PageToolset
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
-from .clock import SYSTEM_CLOCK, Clock
+from ..clock import SYSTEM_CLOCK, Clock
 from .journal import JsonObject, ToolFailure
 
 # Arguments go to the tool as the model sent them; the tool checks them itself.

@@ -16,7 +16,7 @@ a session belongs to the first principal that uses it, recorded in the ledger
 not an operator is refused and learns nothing; listings show a principal its
 own sessions only. Any route asks the same two questions::
 
-    from clienttools_server.auth import access, authorize, unauthorized
+    from clienttools_server.wire.auth import access, authorize, unauthorized
 
     async def my_route(request: Request) -> Response:
         principal = await authorize(request)            # None: answer 401
@@ -64,9 +64,9 @@ from typing import TypeAlias
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from .clock import SYSTEM_CLOCK, Clock
-from .config import ServerConfig
-from .ledger import Ledger
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import ServerConfig
+from ..ledger import Ledger
 
 logger = logging.getLogger(__name__)
 

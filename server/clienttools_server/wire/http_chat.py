@@ -62,11 +62,12 @@ from clienttools.protocol import (
     dump_json,
 )
 
+from ..agent.launcher import BUSY
+from ..config import ServerConfig
+from ..hub import Hub
+from ..ledger import LeaseLost, LedgerUnavailable
 from .auth import access, authorize, route_of
-from .config import ServerConfig
 from .connection import MAX_SESSION_NAME, origin_allowed
-from .hub import BUSY, Hub
-from .ledger import LeaseLost, LedgerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -488,7 +489,7 @@ async def approve_chat(request: Request) -> Response:
         approval_id = raw.pop("id", None)
         if "toolCallId" not in raw and isinstance(approval_id, str):
             # What AbstractChat.addToolApprovalResponse takes: {id: approvalId, approved,
-            # reason}; the server's approvalId is "approval-" + the toolCallId (journal.py).
+            # reason}; the server's approvalId is "approval-" + the toolCallId (agent/journal.py).
             raw["toolCallId"] = approval_id.removeprefix(APPROVAL_ID_PREFIX)
         frame = ToolApprovalFrame.model_validate({**raw, "type": "cf_agent_tool_approval"})
     except ChatRequestError as exc:

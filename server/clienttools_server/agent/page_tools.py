@@ -3,7 +3,7 @@
 Each tool the session's pages registered (``name``, ``description``,
 ``inputSchema`` as the parameters schema, ``outputSchema``, ``needsApproval``,
 ``timeoutMs``) reaches the model as an ordinary tool of the run. A call goes
-through the browser-call proxy (:mod:`.proxy`): invoked on the newest live
+through the browser-call proxy (:mod:`clienttools_server.calls.proxy`): invoked on the newest live
 page that registered it, timed with progress, cancelled, re-delivered with
 ``attempt``, settled only by the connection invoked, its output checked
 against ``outputSchema``; and it is a ledger step, so a run replayed after a

@@ -1,0 +1,221 @@
+"""Browser calls across processes on one ledger: invokes relayed, and calls delivered elsewhere.
+
+Two sides of one call whose run and page are on different processes:
+
+- the pages' process relays: the run's process (``owner``) asks it over the bus
+  to send an invoke to one of its connections (:meth:`CallRelay.invoke`); it
+  keeps a :class:`Relay` (what S5 needs to judge the page's result), applies
+  the page's result in the ledger and tells the owner;
+- the run's process follows: its call's target is a
+  :class:`~clienttools_server.cluster.routing.RemotePeer`, and what happens to
+  the call on the other process (settled, progressed, the page gone, a new
+  page registered, the process gone) reaches it here and moves its pending
+  entry in the proxy.
+
+    relay = CallRelay(proxy, ledger)
+    relay.invoke(owner, connection, step, invoke_frame)       # pages' process
+    await relay.settled_elsewhere(request_id, execution_id, seq, "page")   # run's process
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clienttools.protocol import (
+    CancelFrame,
+    CancelReason,
+    InvokeFrame,
+    ResultAckFrame,
+    ToolProgressFrame,
+    ToolResultFrame,
+)
+
+from ..calls.delivery import DeliveryEvent, Peer, SettledBy
+from ..calls.settlement import ack, page_ack, settlement_of
+from ..ledger import Ledger, LedgerUnavailable, Step
+from .routing import RemotePeer
+
+if TYPE_CHECKING:
+    from ..calls.proxy import CallProxy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class Relay:
+    """An invoke this process sent to one of its connections for a run on another process.
+
+    The run's process (``owner``) keeps the pending entry; this process keeps
+    what S5 needs to judge the page's result (the connection it went to, its
+    clientId), applies the result, and tells the owner.
+    """
+
+    request_id: str
+    owner: str
+    peer: Peer
+    client_id: str | None
+    # The step as read for the invoke; the ledger's settle decides, not its state.
+    step: Step
+    last_progress: float | None = None
+
+
+def on_process(peer: Peer | None, process_id: str) -> bool:
+    """Is ``peer`` a connection of process ``process_id`` (a remote peer)?"""
+    return isinstance(peer, RemotePeer) and peer.process_id == process_id
+
+
+async def is_open(peer: Peer) -> bool:
+    """Is the peer there? A remote one is asked (a read), a local one knows."""
+    return await peer.check() if isinstance(peer, RemotePeer) else peer.is_open
+
+
+class CallRelay:
+    """The relayed invokes of this process, and its calls delivered on other processes."""
+
+    def __init__(self, proxy: CallProxy, ledger: Ledger) -> None:
+        self.proxy = proxy
+        self.ledger = ledger
+        # Invokes relayed to this process's connections for runs on other processes.
+        self.relayed: dict[str, Relay] = {}
+
+    # -- the pages' side: invokes relayed to connections here --------------------------
+
+    async def tell_owner(self, owner: str, step: Step, how: SettledBy) -> None:
+        """Wake the run waiting for ``step`` on its process (this one has no entry for it)."""
+        if owner != self.ledger.owner and step.request_id is not None:
+            await self.ledger.notify(
+                owner, "settled", step.request_id, step.execution_id, str(step.seq), how
+            )
+
+    def invoke(self, owner: str, peer: Peer, step: Step, frame: InvokeFrame) -> None:
+        """Send a run's invoke (its process is ``owner``) to ``peer``, a connection here."""
+        self.relayed[frame.request_id] = Relay(frame.request_id, owner, peer, peer.client_id, step)
+        peer.send(frame)
+
+    def cancel(self, request_id: str, reason: CancelReason, peer: Peer | None) -> None:
+        relay = self.relayed.get(request_id)
+        if relay is not None and (peer is None or relay.peer is peer):
+            del self.relayed[request_id]
+        if reason == "superseded":
+            self.proxy.results.remember_superseded(request_id)
+        if peer is not None and peer.is_open:
+            peer.send(CancelFrame(request_id=request_id, reason=reason))
+
+    async def result(self, relay: Relay, peer: Peer, frame: ToolResultFrame) -> ResultAckFrame:
+        if not (
+            relay.peer is peer
+            or (
+                not relay.peer.is_open
+                and relay.client_id is not None
+                and peer.session == relay.peer.session
+                and peer.client_id == relay.client_id
+            )
+        ):
+            return ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
+        step = relay.step
+        applied = await self.proxy.results.apply(step, settlement_of(frame), by_page=True)
+        # Only once the ledger answered: if it could not (LedgerUnavailable), the
+        # socket closes with 1013 and its close tells the owner, as for any call.
+        self.relayed.pop(frame.request_id, None)
+        # Whatever the ledger decided (applied, settled before, refused and settled
+        # as invalid_output), the owner reads the step: a pending one it ignores.
+        await self.tell_owner(relay.owner, step, "page")
+        return page_ack(frame.request_id, applied)
+
+    async def progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
+        """A relayed call's page reports progress: tell the run's process."""
+        relay = self.relayed.get(frame.request_id)
+        if relay is None or relay.peer is not peer:
+            return
+        if relay.last_progress is not None and frame.progress <= relay.last_progress:
+            return
+        relay.last_progress = frame.progress
+        await self.ledger.notify(relay.owner, "progress", frame.request_id, repr(frame.progress))
+
+    async def disconnected(self, peer: Peer) -> None:
+        """The calls relayed to ``peer``: their processes are told it is gone."""
+        for relay in [r for r in self.relayed.values() if r.peer is peer]:
+            self.relayed.pop(relay.request_id, None)
+            try:
+                await self.ledger.notify(relay.owner, "gone", relay.request_id, peer.id)
+            except LedgerUnavailable as exc:
+                # The owner finds out by itself: its resync after the database is back.
+                logger.warning("could not tell %s its call's page left: %s", relay.owner, exc)
+
+    # -- the owner's side: calls of runs here, delivered on other processes ------------
+
+    async def settled_elsewhere(
+        self, request_id: str, execution_id: str, seq: int, how: str
+    ) -> bool:
+        """Another process settled the step of one of our calls: wake its run. True if ours."""
+        entry = self.proxy.pending.get(request_id)
+        if entry is None or (entry.execution_id, entry.seq) != (execution_id, seq):
+            return False
+        if entry.settled:
+            return True
+        step = await self.ledger.get_step(execution_id, seq)
+        if entry.settled or step is None or step.state == "pending":
+            return True
+        if how == "outside":
+            self.proxy.results.remember_superseded(request_id)
+        self.proxy.mark_settled(
+            entry, step, DeliveryEvent.OUTSIDE if how == "outside" else DeliveryEvent.RESULT
+        )
+        return True
+
+    def progressed_elsewhere(self, process_id: str, request_id: str, progress: float) -> None:
+        entry = self.proxy.pending.get(request_id)
+        if entry is not None and not entry.settled and on_process(entry.target, process_id):
+            self.proxy.progressed(entry, progress)
+
+    async def gone_elsewhere(self, process_id: str, request_id: str, connection_id: str) -> None:
+        """The connection on ``process_id`` that had the invoke closed: S4 for that call."""
+        entry = self.proxy.pending.get(request_id)
+        target = entry.target if entry is not None else None
+        if entry is None or entry.settled or target is None or target.id != connection_id:
+            return
+        if isinstance(target, RemotePeer) and target.process_id == process_id:
+            target.gone = True
+            if entry.recorded:  # else its invoke is not out yet: _announce sees it gone
+                await self.proxy.target_gone(entry)
+
+    async def registered_elsewhere(self, session: str) -> None:
+        """A connection of ``session`` registered tools on another process."""
+        for entry in list(self.proxy.pending.values()):
+            if (
+                entry.session == session
+                and entry.recorded
+                and not entry.settled
+                and (entry.target is None or not await is_open(entry.target))
+            ):
+                await self.proxy.deliver(entry)
+
+    async def targets_lost(self, live_processes: frozenset[str]) -> None:
+        """Calls delivered to processes that are not alive any more: their pages are gone."""
+        for entry in list(self.proxy.pending.values()):
+            target = entry.target
+            if (
+                entry.recorded
+                and not entry.settled
+                and isinstance(target, RemotePeer)
+                and target.process_id not in live_processes
+            ):
+                target.gone = True
+                await self.proxy.target_gone(entry)
+
+    async def resync(self) -> None:
+        """After notifications may have been lost: re-read every call's step, deliver again."""
+        for entry in list(self.proxy.pending.values()):
+            if entry.settled or not entry.recorded:
+                continue
+            step = await self.ledger.get_step(entry.execution_id, entry.seq)
+            if entry.settled:
+                continue
+            if step is not None and step.state != "pending":
+                self.proxy.mark_settled(entry, step, DeliveryEvent.RESULT)
+            elif entry.target is None:
+                await self.proxy.deliver(entry)
+            elif not await is_open(entry.target):
+                await self.proxy.target_gone(entry)
