@@ -25,7 +25,7 @@ import pytest
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.ledger import Execution
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 from clienttools_server.runs import RunRequest
 from tests.reliability.harness import ChatPeer, prompt_for
 from tests.support.cluster import all_completed, final_text, reader, tool_outcomes

@@ -39,7 +39,7 @@ from typing import Any
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.ledger import Execution, Step
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 from clienttools_server.runs import RunRequest
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
