@@ -33,15 +33,14 @@ instance lost the run to another one and must stop it without writing
 anything more for it (fencing). Nothing finished is kept forever:
 :meth:`Ledger.prune_finished` deletes what finished longer than a retention ago.
 
-The caller owns the clock: every write takes ``now`` in seconds. Example::
+The caller owns the clock: every write takes ``now`` in seconds. Example
+(a run that asks the page for one tool call, then settles it)::
 
-    async with SqliteLedger("ledger.sqlite3") as ledger:
-        run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
-        now = time.time()
-        step = await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", now)
-        outcome = await ledger.resolve(run.id, step.seq, '{"lat":52.5,"lon":13.4}', now)
-        stored = await ledger.get_step(run.id, 0)
-        assert outcome.ok and stored.result() == {"lat": 52.5, "lon": 13.4}
+    ledger: Ledger = SqliteLedger(":memory:")  # or await PostgresLedger.connect(url)
+    run = await ledger.start_execution("chat-1", "{}", now=0.0, chat_id="c")
+    await ledger.record_step(run.id, 0, "tool", "t", "{}", "client", 0.0, "req-1")
+    assert (await ledger.resolve(run.id, 0, "42", 1.0)).ok
+    await ledger.close()
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from .records import (
     StoredChat,
 )
 from .rules import Leases
-from .schema import EXECUTION_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS, STEP_READ, fence
+from .schema import EXECUTION_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS, STEP_READ, fence, where
 
 __all__ = [
     "AWAY_TIMEOUT",
@@ -334,15 +334,9 @@ class _PostgresSessions(Connections):
         return _unescape(str(row[0])), int(row[1]), int(row[2])
 
     async def store_chat(
-        self,
-        tx: Transaction,
-        chat_id: str,
-        keep: int,
-        messages: Sequence[str],
-        version: int,
-        streaming: str | None,
-        now: float,
-    ) -> None:
+        self, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str], version: int,
+        streaming: str | None, now: float,
+    ) -> None:  # fmt: skip
         key = escape(chat_id)
         await tx.execute(
             "DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s", (key, keep)
@@ -366,24 +360,16 @@ class _PostgresSessions(Connections):
         return bool(rows)
 
     async def chats(
-        self,
-        session: str | None,
-        limit: int,
-        before: tuple[float, str] | None,
+        self, session: str | None, limit: int, before: tuple[float, str] | None,
         sessions: Collection[str] | None,
-    ) -> list[ChatSummary]:
-        where: list[str] = []
-        params: list[object] = []
-        if session is not None:
-            where.append("session = %s")
-            params.append(escape(session))
-        if sessions is not None:
-            where.append("session = ANY(%s)")
-            params.append([escape(s) for s in sessions])
-        if before is not None:
-            where.append("(updated_at, id) < (%s, %s)")
-            params.extend((before[0], escape(before[1])))
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+    ) -> list[ChatSummary]:  # fmt: skip
+        clause, params = where(
+            None if session is None else ("session = %s", [escape(session)]),
+            None if sessions is None else ("session = ANY(%s)", [[escape(s) for s in sessions]]),
+            None
+            if before is None
+            else ("(updated_at, id) < (%s, %s)", [before[0], escape(before[1])]),
+        )
         rows = await self.read(
             "SELECT id, session, message_count, version, updated_at FROM chats "
             f"{clause} ORDER BY updated_at DESC, id DESC LIMIT %s",
@@ -461,15 +447,10 @@ class PostgresStore(_PostgresSessions):
     async def executions(
         self, statuses: Collection[ExecutionStatus] | None, session: str | None
     ) -> list[Execution]:
-        where: list[str] = []
-        params: list[object] = []
-        if statuses is not None:
-            where.append("status = ANY(%s)")
-            params.append(list(statuses))
-        if session is not None:
-            where.append("session = %s")
-            params.append(escape(session))
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause, params = where(
+            None if statuses is None else ("status = ANY(%s)", [list(statuses)]),
+            None if session is None else ("session = %s", [escape(session)]),
+        )
         rows = await self.read(
             f"SELECT {EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
             params,
@@ -494,8 +475,8 @@ class PostgresStore(_PostgresSessions):
         )
 
     async def settle_pending(
-        self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float
-    ) -> None:
+        self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,
+    ) -> None:  # fmt: skip
         await tx.execute(
             "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
             "WHERE execution_id = %s AND state = 'pending'",
@@ -558,31 +539,22 @@ class PostgresStore(_PostgresSessions):
         return [_step(row) for row in rows]
 
     async def pending_steps(self, session: str | None, resolution: Resolution | None) -> list[Step]:
-        where = ["s.state = 'pending'", "e.status IN ('running', 'paused')"]
-        params: list[object] = []
-        if session is not None:
-            where.append("e.session = %s")
-            params.append(escape(session))
-        if resolution is not None:
-            where.append("s.resolution = %s")
-            params.append(resolution)
+        clause, params = where(
+            ("s.state = 'pending' AND e.status IN ('running', 'paused')", []),
+            None if session is None else ("e.session = %s", [escape(session)]),
+            None if resolution is None else ("s.resolution = %s", [resolution]),
+        )
         rows = await self.read(
             f"SELECT {_STEP_OF_RUN} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
-            f"WHERE {' AND '.join(where)} ORDER BY s.created_at, s.execution_id, s.seq",
+            f"{clause} ORDER BY s.created_at, s.execution_id, s.seq",
             params,
         )
         return [_step(row) for row in rows]
 
     async def settle(
-        self,
-        execution_id: str,
-        seq: int,
-        field: Literal["result", "error"],
-        state: StepState,
-        value_json: str,
-        now: float,
-        held: int | None,
-    ) -> Step | None:
+        self, execution_id: str, seq: int, field: Literal["result", "error"], state: StepState,
+        value_json: str, now: float, held: int | None,
+    ) -> Step | None:  # fmt: skip
         key = escape(execution_id)
         rows = await self.write_one(
             _SETTLE_SQL[field], (state, value_json, now, key, seq, key, held, now)
@@ -590,13 +562,9 @@ class PostgresStore(_PostgresSessions):
         return _step(rows[0]) if rows else None
 
     async def add_attempt(
-        self,
-        execution_id: str,
-        seq: int,
-        now: float,
-        target: tuple[str | None, str | None],
+        self, execution_id: str, seq: int, now: float, target: tuple[str | None, str | None],
         held: int | None,
-    ) -> int | None:
+    ) -> int | None:  # fmt: skip
         connection, client_id = target
         key = escape(execution_id)
         rows = await self.write_one(

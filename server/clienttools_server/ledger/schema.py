@@ -19,7 +19,7 @@ the newest version in one transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
@@ -245,3 +245,20 @@ def fence(dialect: Dialect) -> str:
             "AND generation = COALESCE(%s::bigint, generation) FOR NO KEY UPDATE)"
         )
     return "EXISTS (SELECT 1 FROM executions WHERE id = ? AND generation = COALESCE(?, generation))"
+
+
+# One condition of a listing's WHERE and its parameters; None: that filter is not asked for.
+Condition = tuple[str, Sequence[object]] | None
+
+
+def where(*conditions: Condition) -> tuple[str, list[object]]:
+    """``WHERE a AND b ...`` of the conditions asked for (empty if none), and their parameters.
+
+    Each dialect writes its own conditions (placeholders, ``IN`` or ``= ANY``);
+    this only joins them, in order::
+
+        where(("session = ?", ["s"]), None)  # ("WHERE session = ?", ["s"])
+    """
+    asked = [condition for condition in conditions if condition is not None]
+    params = [param for _, values in asked for param in values]
+    return (f"WHERE {' AND '.join(sql for sql, _ in asked)}" if asked else ""), params

@@ -48,7 +48,15 @@ from .records import (
     StoredChat,
 )
 from .rules import Leases
-from .schema import EXECUTION_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS, STEP_READ, applied, fence
+from .schema import (
+    EXECUTION_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    STEP_READ,
+    applied,
+    fence,
+    where,
+)
 from .schema import to_apply as migrations_to_apply
 from .store import Batch
 
@@ -240,15 +248,10 @@ class SqliteStore:
     async def executions(
         self, statuses: Collection[ExecutionStatus] | None, session: str | None
     ) -> list[Execution]:
-        where: list[str] = []
-        params: list[object] = []
-        if statuses is not None:
-            where.append(f"status IN ({_marks(statuses)})")
-            params.extend(statuses)
-        if session is not None:
-            where.append("session = ?")
-            params.append(session)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause, params = where(
+            None if statuses is None else (f"status IN ({_marks(statuses)})", list(statuses)),
+            None if session is None else ("session = ?", [session]),
+        )
         rows = self._db.execute(
             f"SELECT {EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
             params,
@@ -263,26 +266,18 @@ class SqliteStore:
         return None if row is None else _execution(row)
 
     async def set_status(
-        self,
-        tx: sqlite3.Connection,
-        execution_id: str,
-        status: ExecutionStatus,
-        error: str | None,
-        now: float,
-    ) -> None:
+        self, tx: sqlite3.Connection, execution_id: str, status: ExecutionStatus,
+        error: str | None, now: float,
+    ) -> None:  # fmt: skip
         tx.execute(
             "UPDATE executions SET status = ?, error = ?, updated_at = ? WHERE id = ?",
             (status, error, now, execution_id),
         )
 
     async def settle_pending(
-        self,
-        tx: sqlite3.Connection,
-        execution_id: str,
-        state: StepState,
-        error_json: str,
+        self, tx: sqlite3.Connection, execution_id: str, state: StepState, error_json: str,
         now: float,
-    ) -> None:
+    ) -> None:  # fmt: skip
         tx.execute(
             "UPDATE steps SET state = ?, error_json = ?, updated_at = ? "
             "WHERE execution_id = ? AND state = 'pending'",
@@ -342,31 +337,22 @@ class SqliteStore:
         return [_step(row) for row in rows]
 
     async def pending_steps(self, session: str | None, resolution: Resolution | None) -> list[Step]:
-        where = ["s.state = 'pending'", "e.status IN ('running', 'paused')"]
-        params: list[object] = []
-        if session is not None:
-            where.append("e.session = ?")
-            params.append(session)
-        if resolution is not None:
-            where.append("s.resolution = ?")
-            params.append(resolution)
+        clause, params = where(
+            ("s.state = 'pending' AND e.status IN ('running', 'paused')", []),
+            None if session is None else ("e.session = ?", [session]),
+            None if resolution is None else ("s.resolution = ?", [resolution]),
+        )
         rows = self._db.execute(
             f"SELECT {_STEP_OF_RUN} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
-            f"WHERE {' AND '.join(where)} ORDER BY s.created_at, s.execution_id, s.seq",
+            f"{clause} ORDER BY s.created_at, s.execution_id, s.seq",
             params,
         ).fetchall()
         return [_step(row) for row in rows]
 
     async def settle(
-        self,
-        execution_id: str,
-        seq: int,
-        field: Literal["result", "error"],
-        state: StepState,
-        value_json: str,
-        now: float,
-        held: int | None,
-    ) -> Step | None:
+        self, execution_id: str, seq: int, field: Literal["result", "error"], state: StepState,
+        value_json: str, now: float, held: int | None,
+    ) -> Step | None:  # fmt: skip
         with self._write() as db:
             rows = db.execute(
                 _SETTLE_SQL[field], (state, value_json, now, execution_id, seq, execution_id, held)
@@ -377,13 +363,9 @@ class SqliteStore:
         return _step(rows[0])
 
     async def add_attempt(
-        self,
-        execution_id: str,
-        seq: int,
-        now: float,
-        target: tuple[str | None, str | None],
+        self, execution_id: str, seq: int, now: float, target: tuple[str | None, str | None],
         held: int | None,
-    ) -> int | None:
+    ) -> int | None:  # fmt: skip
         with self._write() as db:
             row = db.execute(
                 "UPDATE steps SET attempts = attempts + 1, updated_at = ?, "
@@ -541,15 +523,9 @@ class SqliteStore:
         return str(owner), int(version), int(count)
 
     async def store_chat(
-        self,
-        tx: sqlite3.Connection,
-        chat_id: str,
-        keep: int,
-        messages: Sequence[str],
-        version: int,
-        streaming: str | None,
-        now: float,
-    ) -> None:
+        self, tx: sqlite3.Connection, chat_id: str, keep: int, messages: Sequence[str],
+        version: int, streaming: str | None, now: float,
+    ) -> None:  # fmt: skip
         tx.execute("DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, keep))
         tx.executemany(
             "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?)",
@@ -566,24 +542,16 @@ class SqliteStore:
             return bool(db.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount)
 
     async def chats(
-        self,
-        session: str | None,
-        limit: int,
-        before: tuple[float, str] | None,
+        self, session: str | None, limit: int, before: tuple[float, str] | None,
         sessions: Collection[str] | None,
-    ) -> list[ChatSummary]:
-        where: list[str] = []
-        params: list[object] = []
-        if session is not None:
-            where.append("session = ?")
-            params.append(session)
-        if sessions is not None:
-            where.append(f"session IN ({_marks(sessions)})")
-            params.extend(sessions)
-        if before is not None:
-            where.append("(updated_at < ? OR (updated_at = ? AND id < ?))")
-            params.extend((before[0], before[0], before[1]))
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+    ) -> list[ChatSummary]:  # fmt: skip
+        clause, params = where(
+            None if session is None else ("session = ?", [session]),
+            None if sessions is None else (f"session IN ({_marks(sessions)})", list(sessions)),
+            None
+            if before is None
+            else ("(updated_at < ? OR (updated_at = ? AND id < ?))", [before[0], *before]),
+        )
         rows = self._db.execute(
             "SELECT id, session, message_count, version, updated_at FROM chats "
             f"{clause} ORDER BY updated_at DESC, id DESC LIMIT ?",

@@ -99,12 +99,13 @@ class Store(Protocol[Tx]):
         ...
 
     async def set_status(
-        self, tx: Tx, execution_id: str, status: ExecutionStatus, error: str | None, now: float
-    ) -> None: ...
+        self, tx: Tx, execution_id: str, status: ExecutionStatus, error: str | None, now: float,
+    ) -> None:  # fmt: skip
+        ...
 
     async def settle_pending(
-        self, tx: Tx, execution_id: str, state: StepState, error_json: str, now: float
-    ) -> None:
+        self, tx: Tx, execution_id: str, state: StepState, error_json: str, now: float,
+    ) -> None:  # fmt: skip
         """Settle every pending step of the execution with ``state`` and ``error_json``."""
         ...
 
@@ -127,30 +128,21 @@ class Store(Protocol[Tx]):
     async def steps(self, execution_id: str) -> list[Step]: ...
 
     async def pending_steps(
-        self, session: str | None, resolution: Resolution | None
-    ) -> list[Step]: ...
+        self, session: str | None, resolution: Resolution | None,
+    ) -> list[Step]:  # fmt: skip
+        ...
 
     async def settle(
-        self,
-        execution_id: str,
-        seq: int,
-        field: Literal["result", "error"],
-        state: StepState,
-        value_json: str,
-        now: float,
-        held: int | None,
-    ) -> Step | None:
+        self, execution_id: str, seq: int, field: Literal["result", "error"], state: StepState,
+        value_json: str, now: float, held: int | None,
+    ) -> Step | None:  # fmt: skip
         """Settle a pending step (fenced); the settled step, None if nothing changed."""
         ...
 
     async def add_attempt(
-        self,
-        execution_id: str,
-        seq: int,
-        now: float,
-        target: tuple[str | None, str | None],
+        self, execution_id: str, seq: int, now: float, target: tuple[str | None, str | None],
         held: int | None,
-    ) -> int | None:
+    ) -> int | None:  # fmt: skip
         """Count a delivery to ``target`` (connection, clientId), fenced; the new count."""
         ...
 
@@ -211,26 +203,18 @@ class Store(Protocol[Tx]):
         ...
 
     async def store_chat(
-        self,
-        tx: Tx,
-        chat_id: str,
-        keep: int,
-        messages: Sequence[str],
-        version: int,
-        streaming: str | None,
-        now: float,
-    ) -> None:
+        self, tx: Tx, chat_id: str, keep: int, messages: Sequence[str], version: int,
+        streaming: str | None, now: float,
+    ) -> None:  # fmt: skip
         """Keep the first ``keep`` messages, append ``messages``, set the chat's row."""
         ...
 
     async def delete_chat(self, chat_id: str) -> bool: ...
 
     async def chats(
-        self,
-        session: str | None,
-        limit: int,
-        before: tuple[float, str] | None,
+        self, session: str | None, limit: int, before: tuple[float, str] | None,
         sessions: Collection[str] | None,
-    ) -> list[ChatSummary]: ...
+    ) -> list[ChatSummary]:  # fmt: skip
+        ...
 
     async def prune_chats(self, cutoff: float) -> int: ...
