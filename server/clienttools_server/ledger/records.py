@@ -87,9 +87,9 @@ class LeaseLost(RuntimeError):
 class ChatBusy(RuntimeError):
     """The chat has an unfinished execution already: its response is still streaming.
 
-    Only a ledger shared by several processes raises it (one process knows its
-    own streaming responses): a second ``send`` for a chat on another process
-    is refused as it is on the one that streams it.
+    Every store raises it (a unique index on the unfinished executions of a
+    chat): a second ``send`` for a chat on another process is refused as it is
+    on the one that streams it, whose hub refuses it before the ledger sees it.
     """
 
 
@@ -148,7 +148,7 @@ class Step:
     spec_json: str | None = None
     # Where the last attempt's invoke went: the connection's id and its page's
     # clientId, so any process of a shared ledger can apply S5 to a result that
-    # reaches it; None where one process knows it in memory (SQLite).
+    # reaches it; None until an attempt names it.
     target_connection: str | None = None
     target_client_id: str | None = None
 

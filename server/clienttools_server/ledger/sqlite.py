@@ -94,8 +94,8 @@ class _SqliteBatch(Batch):
     rolled_back: bool = False  # a call failed halfway and took the batch's writes back
 
 
-class SqliteStore:
-    """The SQLite dialect of every ledger operation, on one connection."""
+class SqliteConnection:
+    """The SQLite store's one connection: its pragmas, the migrations, transactions, batches."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._registrations: dict[str, Registration] = {}
@@ -194,6 +194,10 @@ class SqliteStore:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+class SqliteStore(SqliteConnection):
+    """The SQLite dialect of every ledger operation, on the connection of its base class."""
 
     # leases
 
