@@ -234,12 +234,17 @@ class SqliteStore(SqliteConnection):
     # executions
 
     async def insert_execution(self, execution: Execution, chat_id: str | None) -> bool:
+        e = execution
+        values = (
+            e.id, e.session, e.status, e.request_json, e.error, e.created_at, e.updated_at,
+            e.owner, e.generation, e.lease_until, chat_id,
+        )  # fmt: skip
         with self._write() as db:
             inserted = db.execute(
                 f"INSERT INTO executions ({EXECUTION_COLUMNS}, chat_id) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (session, chat_id) WHERE status IN ('running', 'paused') DO NOTHING",
-                (*dataclasses.astuple(execution), chat_id),
+                values,
             ).rowcount
         return bool(inserted)
 
@@ -312,9 +317,14 @@ class SqliteStore(SqliteConnection):
     # steps
 
     async def insert_step(self, step: Step, held: int | None) -> bool:
-        values = dataclasses.astuple(step)[:14]
+        s = step  # its fields, in STEP_COLUMNS' order (astuple would deep-copy them, slowly)
+        values = (
+            s.execution_id, s.seq, s.kind, s.name, s.input_json, s.resolution, s.state,
+            s.result_json, s.error_json, s.request_id, s.attempts, s.created_at, s.updated_at,
+            s.spec_json, s.execution_id, held,
+        )  # fmt: skip
         with self._write() as db:
-            inserted = db.execute(_INSERT_STEP, (*values, step.execution_id, held)).rowcount
+            inserted = db.execute(_INSERT_STEP, values).rowcount
             if inserted:
                 # A step recorded is progress: the run is not idle, so not expirable yet.
                 db.execute(_TOUCH_EXECUTION, (step.updated_at, step.execution_id))
