@@ -46,7 +46,7 @@ from tests.support.postgres import PostgresServer
 
 from bench import bounded
 from bench.serverload import ROOT, _cpu_seconds, _free_port, _wait_listening
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 
 
 def _children(pid: int) -> list[int]:

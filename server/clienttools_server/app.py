@@ -160,7 +160,7 @@ async def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger
         return SqliteLedger(":memory:", lease=lease)
     if db.startswith(POSTGRES_SCHEMES):
         # Imported here: psycopg is needed only by servers that use PostgreSQL.
-        from .ledger_postgres import PostgresLedger
+        from .ledger.postgres import PostgresLedger
 
         return await PostgresLedger.connect(db, lease=lease)
     return SqliteLedger(db, lease=lease)
@@ -171,7 +171,7 @@ def open_bus(db: str | None, ledger: Ledger) -> Bus | None:
     if db is None or not db.startswith(POSTGRES_SCHEMES):
         return None
     from .cluster.bus import Bus
-    from .ledger_postgres import PostgresLedger
+    from .ledger.postgres import PostgresLedger
 
     assert isinstance(ledger, PostgresLedger)
     return Bus(ledger)

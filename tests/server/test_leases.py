@@ -26,7 +26,7 @@ from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.agent.runs import RunRequest
 from clienttools_server.ledger import Execution
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 from tests.reliability.harness import ChatPeer, prompt_for
 from tests.support.cluster import all_completed, final_text, reader, tool_outcomes
 from tests.support.faultproxy import FaultProxy

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from clienttools_server.canonical import canonical_json
 from clienttools_server.ledger import (
     MAX_STORED_BYTES,
+    ChatBusy,
     Divergence,
     InvalidTransition,
     LeaseLost,
@@ -40,7 +41,8 @@ from clienttools_server.ledger import (
     UnknownStep,
     check_replay,
 )
-from clienttools_server.ledger_postgres import SCHEMA_VERSION, PostgresLedger
+from clienttools_server.ledger.postgres import SCHEMA_VERSION, PostgresLedger
+from tests.server.old_ledger_schemas import old_postgres_ledger, old_sqlite_ledger
 from tests.support.postgres import PostgresServer
 
 HOUR = 3600.0
@@ -660,7 +662,7 @@ async def test_a_durable_ledger_keeps_everything_across_a_restart(
 _KILLED_WRITER = """
 import asyncio, os, signal, sys
 from clienttools_server.ledger import SqliteLedger
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 
 async def main(store, where):
     ledger = SqliteLedger(where) if store == "sqlite" else await PostgresLedger.connect(where)
@@ -701,52 +703,128 @@ async def test_sqlite_ledger_sets_its_pragmas_and_schema_version(tmp_path: Path)
     await SqliteLedger(path).close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    raw.close()
+
+
+def _old_sqlite_with_a_step(path: Path, version: int) -> None:
+    """A file at ``version`` of the old numbering with one pending client step at seq 0."""
+    raw = old_sqlite_ledger(path, version)
+    raw.execute(
+        "INSERT INTO executions (id, session, status, request_json, error, created_at, "
+        "updated_at) VALUES ('e1', 'old', 'running', '{}', NULL, ?, ?)",
+        (T0, T0),
+    )
+    raw.execute(
+        "INSERT INTO steps (execution_id, seq, kind, name, input_json, resolution, state, "
+        "result_json, error_json, request_id, attempts, created_at, updated_at) "
+        "VALUES ('e1', 0, 'tool', 'get_location', '{}', 'client', 'pending', NULL, NULL, "
+        "'req-1', 0, ?, ?)",
+        (T0, T0),
+    )
     raw.close()
 
 
 async def test_a_version_1_ledger_gains_the_spec_column_and_keeps_its_steps(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
+    _old_sqlite_with_a_step(path, 1)
     async with SqliteLedger(path) as ledger:
-        execution_id, seq = await _tool_step(ledger)
-    raw = sqlite3.connect(path)
-    for column in ("owner", "generation", "lease_until"):
-        raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
-    raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
-    raw.execute("DROP TABLE session_owners")
-    raw.execute("DROP TABLE chat_messages")
-    raw.execute("DROP TABLE chats")
-    raw.execute("PRAGMA user_version = 1")
-    raw.close()
-    async with SqliteLedger(path) as ledger:
-        step = await ledger.get_step(execution_id, seq)
+        step = await ledger.get_step("e1", 0)
         assert step is not None and step.spec_json is None and step.state == "pending"
-        recorded = await ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        recorded = await ledger.record_spec("e1", 0, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+async def test_a_sqlite_file_of_any_old_version_comes_to_the_one_schema(
+    tmp_path: Path, version: int
+) -> None:
+    """Versions 4 and 5 of the old SQLite numbering had owners and chats, not routing."""
+    path = tmp_path / "ledger.sqlite3"
+    _old_sqlite_with_a_step(path, version)
+    async with SqliteLedger(path) as ledger:
+        # Versions 4 and 5 had the owners: a session used after that has none yet.
+        assert await ledger.session_owner("old") == ("shared" if version < 4 else None)
+        # What version 5 lacked: the chat of an execution, where an invoke went.
+        first = await ledger.start_execution("old", "{}", T0, chat_id="c")
+        with pytest.raises(ChatBusy):
+            await ledger.start_execution("old", "{}", T0, chat_id="c")
+        await ledger.add_attempt("e1", 0, T0, target_connection="conn-1")
+        assert await ledger.delivered_to(["conn-1"]) == [("req-1", "conn-1", None)]
+        assert await ledger.save_chat("c", "old", 0, ['{"id":"m"}'], T0, streaming=first.id) == 1
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+    async with SqliteLedger(path) as again:  # opening again migrates nothing
+        assert [s.seq for s in await again.steps("e1")] == [0]
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        assert {row[0] for row in raw.execute("SELECT name FROM sqlite_master")} == tables
+
+
+@pytest.mark.parametrize("version", [1, 5, 6, 7])
+async def test_a_postgres_ledger_of_an_old_version_comes_to_the_one_schema(
+    postgres: PostgresServer, version: int
+) -> None:
+    url = postgres.fresh_url()
+    old_postgres_ledger(url, version)
+    with psycopg.connect(url) as raw:
+        raw.execute(
+            "INSERT INTO executions (id, session, status, request_json, error, created_at, "
+            "updated_at) VALUES ('e1', 'old', 'running', '{}', NULL, %s, %s)",
+            (T0, T0),
+        )
+    async with await PostgresLedger.connect(url) as ledger:
+        assert await ledger.session_owner("old") == ("shared" if version < 6 else None)
+        await ledger.start_execution("old", "{}", T0, chat_id="c")
+        with pytest.raises(ChatBusy):
+            await ledger.start_execution("old", "{}", T0, chat_id="c")
+    with psycopg.connect(url) as raw:
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+async def test_both_dialects_make_the_same_tables_and_columns(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    path, url = tmp_path / "ledger.sqlite3", postgres.fresh_url()
+    await SqliteLedger(path).close()
+    await (await PostgresLedger.connect(url)).close()
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        tables = [r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        sqlite_columns = {
+            (table, column[1])
+            for table in tables
+            for column in raw.execute(f"PRAGMA table_info({table})")
+        }
+    with psycopg.connect(url) as pg:
+        rows = pg.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name <> 'ledger_schema'"
+        ).fetchall()
+    assert sqlite_columns == set(rows)
 
 
 async def test_a_version_1_postgres_ledger_gains_the_spec_column(postgres: PostgresServer) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        execution_id, seq = await _tool_step(ledger)
+    old_postgres_ledger(url, 1)
     with psycopg.connect(url) as raw:
-        raw.execute("DROP TABLE chunks, chat_messages, chats")
-        for column in ("owner", "generation", "lease_until", "chat_id"):
-            raw.execute(f"ALTER TABLE executions DROP COLUMN {column}")
-        raw.execute("ALTER TABLE steps DROP COLUMN spec_json")  # as version 1 made it
-        for column in ("target_connection", "target_client_id", "tool_call_id"):
-            raw.execute(f"ALTER TABLE steps DROP COLUMN {column}")
-        raw.execute("DROP TABLE processes, registrations")
-        raw.execute("DROP SEQUENCE registration_order")
-        raw.execute("DROP TABLE session_owners")
-        raw.execute("UPDATE ledger_schema SET version = 1")
+        raw.execute(
+            "INSERT INTO executions (id, session, status, request_json, error, created_at, "
+            "updated_at) VALUES ('e1', 's', 'running', '{}', NULL, %s, %s)",
+            (T0, T0),
+        )
+        raw.execute(
+            "INSERT INTO steps (execution_id, seq, kind, name, input_json, resolution, state, "
+            "attempts, created_at, updated_at) "
+            "VALUES ('e1', 0, 'tool', 't', '{}', 'client', 'pending', 0, %s, %s)",
+            (T0, T0),
+        )
     async with await PostgresLedger.connect(url) as ledger:
-        step = await ledger.get_step(execution_id, seq)
+        step = await ledger.get_step("e1", 0)
         assert step is not None and step.spec_json is None and step.state == "pending"
-        recorded = await ledger.record_spec(execution_id, seq, '{"name": "t", "outputSchema": {}}')
+        recorded = await ledger.record_spec("e1", 0, '{"name": "t", "outputSchema": {}}')
         assert recorded is not None and recorded.spec() == {"name": "t", "outputSchema": {}}
     with psycopg.connect(url) as raw:
         assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
@@ -1539,14 +1617,13 @@ async def test_processes_claiming_one_session_at_once_agree_on_one_owner(
 
 async def test_sessions_of_an_older_ledger_go_to_the_shared_principal(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
-    async with SqliteLedger(path) as ledger:
-        await ledger.start_execution("old", "{}", now=T0)
-        await ledger.start_execution("old", "{}", now=T0 + 5)
-    raw = sqlite3.connect(path)
-    raw.execute("DROP TABLE session_owners")  # as version 3 left it
-    raw.execute("DROP TABLE chat_messages")
-    raw.execute("DROP TABLE chats")
-    raw.execute("PRAGMA user_version = 3")
+    raw = old_sqlite_ledger(path, 3)  # before the owners
+    for created_at in (T0, T0 + 5):
+        raw.execute(
+            "INSERT INTO executions (id, session, status, request_json, error, created_at, "
+            "updated_at) VALUES (?, 'old', 'completed', '{}', NULL, ?, ?)",
+            (f"e{created_at}", created_at, created_at),
+        )
     raw.close()
     async with SqliteLedger(path) as ledger:
         assert await ledger.session_owner("old") == "shared"
@@ -1557,10 +1634,12 @@ async def test_sessions_of_an_older_postgres_ledger_go_to_the_shared_principal(
     postgres: PostgresServer,
 ) -> None:
     url = postgres.fresh_url()
-    async with await PostgresLedger.connect(url) as ledger:
-        await ledger.start_execution("old", "{}", now=T0)
+    old_postgres_ledger(url, 5)  # before the owners
     with psycopg.connect(url) as raw:
-        raw.execute("DROP TABLE session_owners, chat_messages, chats")  # as version 5 left it
-        raw.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION - 2,))
+        raw.execute(
+            "INSERT INTO executions (id, session, status, request_json, error, created_at, "
+            "updated_at) VALUES ('e1', 'old', 'completed', '{}', NULL, %s, %s)",
+            (T0, T0),
+        )
     async with await PostgresLedger.connect(url) as ledger:
         assert await ledger.session_owner("old") == "shared"

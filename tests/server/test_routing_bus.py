@@ -14,7 +14,7 @@ import pytest
 
 from clienttools_server.cluster.bus import Bus, decode, encode
 from clienttools_server.ledger import SqliteLedger
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 from tests.support.postgres import PostgresServer
 
 T0 = 1_000.0

@@ -7,7 +7,8 @@ import pytest
 
 from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.cluster.shared_streams import ChunkStore
+from clienttools_server.ledger.postgres import PostgresLedger
 from tests.support.postgres import PostgresServer
 
 T0 = 1_700_000_000.0
@@ -31,16 +32,16 @@ async def test_a_chat_has_one_unfinished_execution_on_a_shared_ledger(
         assert [e.id for e in running if e.id == again.id] == [again.id]
 
 
-async def test_one_process_knows_its_streaming_chats_itself() -> None:
+async def test_one_process_refuses_a_second_start_of_a_streaming_chat_too() -> None:
     # A SQLite ledger serves one process, whose hub refuses a second send for a chat that
-    # streams before the ledger sees it (test_server_chat.py, "already streaming"): the
-    # ledger itself starts both.
+    # streams before the ledger sees it (test_server_chat.py, "already streaming"); the
+    # ledger refuses it as well, as a shared one does: the same input, the same exception.
     async with SqliteLedger(":memory:") as ledger:
         first = await ledger.start_execution("s", "{}", T0, chat_id="c")
-        second = await ledger.start_execution("s", "{}", T0, chat_id="c")
+        with pytest.raises(ChatBusy):
+            await ledger.start_execution("s", "{}", T0, chat_id="c")
         running = await ledger.executions(["running"], "s")
-        assert first.id != second.id
-        assert sorted(e.id for e in running) == sorted([first.id, second.id])
+        assert [e.id for e in running] == [first.id]
 
 
 async def test_chunks_are_written_once_and_read_after_a_sequence(postgres: PostgresServer) -> None:

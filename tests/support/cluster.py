@@ -40,7 +40,7 @@ from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.agent.runs import RunRequest
 from clienttools_server.ledger import Execution, Step
-from clienttools_server.ledger_postgres import PostgresLedger
+from clienttools_server.ledger.postgres import PostgresLedger
 from tests.support.server_process import ServerProcess
 from tests.support.wait import wait_until
 

@@ -55,16 +55,14 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from clienttools.protocol import AbortFrame, NoActiveFrame, ResumeFrame, WireModel
 
 from ..agent.chunk_log import Chunk, ChunkLog
 from ..canonical import canonical_json
 from ..clock import Clock, Timer, sleep
-from ..cluster.bus import encode
 from ..ledger import FINISHED_STATUSES, LeaseLost, LedgerUnavailable
-from ..ledger_postgres import _escape
 from ..tasks import Background
 
 logger = logging.getLogger(__name__)
@@ -85,49 +83,28 @@ UNFOLLOWED_FLUSH_DELAY = 0.5
 # Seconds before a write that met an unreachable database is tried again.
 RETRY_DELAY = 1.0
 
-# The lease's fence, as every write of the ledger for a run carries it (ledger_postgres.py).
-_FENCE = (
-    "EXISTS (SELECT 1 FROM executions WHERE id = %s "
-    "AND generation = COALESCE(%s::bigint, generation) FOR NO KEY UPDATE)"
-)
-_APPEND = (
-    "WITH ins AS (INSERT INTO chunks (execution_id, seq, chunk_json) "
-    "SELECT %s, r.seq, r.chunk FROM unnest(%s::bigint[], %s::text[]) AS r (seq, chunk) "
-    f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING RETURNING 1), "
-    "told AS (SELECT pg_notify(c, %s) FROM unnest(%s::text[]) AS c "
-    "WHERE EXISTS (SELECT 1 FROM ins)) "
-    "SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM told)"
-)
-_READ = (
-    "SELECT e.status, e.owner, e.updated_at, c.seq, c.chunk_json FROM executions AS e "
-    "LEFT JOIN chunks AS c ON c.execution_id = e.id AND c.seq > %s "
-    "WHERE e.id = %s ORDER BY c.seq"
-)
-_LATEST = (
-    "SELECT id, status, owner, updated_at FROM executions "
-    "WHERE session = %s AND chat_id = %s ORDER BY created_at DESC, id DESC LIMIT 1"
-)
-_PRUNE = (
-    "DELETE FROM chunks AS c USING executions AS e WHERE c.execution_id = e.id "
-    "AND e.status = ANY(%s) AND e.updated_at < %s"
-)
-
 
 class SharedLedger(Protocol):
-    """What the shared chunk log needs of the PostgreSQL ledger."""
+    """What the shared chunk log needs of the PostgreSQL ledger, which holds its SQL."""
 
     @property
     def owner(self) -> str: ...
 
-    def channel(self, process_id: str | None) -> str: ...
-
     async def notify(self, process_id: str | None, kind: str, *args: str) -> None: ...
 
-    async def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]: ...
+    async def append_chunks(
+        self, execution_id: str, rows: Sequence[Row], kind: str, notify: Sequence[str]
+    ) -> int: ...
 
-    def held(self, execution_id: str) -> int | None: ...
+    async def read_chunks(
+        self, execution_id: str, after: int
+    ) -> tuple[tuple[str, str | None, float] | None, list[Row]]: ...
 
-    async def lease_lost(self, execution_id: str, held: int) -> None: ...
+    async def latest_of_chat(
+        self, session: str, chat_id: str
+    ) -> tuple[str, tuple[str, str | None, float]] | None: ...
+
+    async def prune_chunks(self, cutoff: float) -> int: ...
 
 
 class Notifications(Protocol):
@@ -169,7 +146,7 @@ Row = tuple[int, str | None]
 
 
 class ChunkStore:
-    """The ``chunks`` table: one statement per call."""
+    """The ``chunks`` table, through the ledger's statements: one statement per call."""
 
     def __init__(self, ledger: SharedLedger) -> None:
         self.ledger = ledger
@@ -179,43 +156,21 @@ class ChunkStore:
 
         Returns how many rows were new. LeaseLost if another process took the run over.
         """
-        held = self.ledger.held(execution_id)
-        payload = encode(self.ledger.owner, CHUNKS, (execution_id,))
-        [(inserted, _)] = await self.ledger.statement(
-            _APPEND,
-            (
-                execution_id, [seq for seq, _ in rows], [text for _, text in rows],
-                execution_id, held, payload, [self.ledger.channel(p) for p in notify],
-            ),
-        )  # fmt: skip
-        if not inserted and held is not None:
-            await self.ledger.lease_lost(execution_id, held)  # raises if the fence refused them
-        return int(inserted)
+        return await self.ledger.append_chunks(execution_id, rows, CHUNKS, notify)
 
     async def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Row]]:
         """The execution's head and its rows after seq ``after`` (None: no such execution)."""
-        found = await self.ledger.statement(_READ, (after, execution_id))
-        if not found:
-            return None, []
-        status, owner, updated_at = found[0][:3]
-        head = Head(execution_id, str(status), owner, float(updated_at))
-        return head, [(int(seq), text) for *_, seq, text in found if seq is not None]
+        head, rows = await self.ledger.read_chunks(execution_id, after)
+        return (None if head is None else Head(execution_id, *head)), rows
 
     async def latest(self, session: str, chat_id: str) -> Head | None:
         """The newest execution of a session's chat."""
-        found = await self.ledger.statement(_LATEST, (_escape(session), _escape(chat_id)))
-        if not found:
-            return None
-        execution_id, status, owner, updated_at = found[0]
-        return Head(str(execution_id), str(status), owner, float(updated_at))
+        found = await self.ledger.latest_of_chat(session, chat_id)
+        return None if found is None else Head(found[0], *found[1])
 
     async def prune(self, cutoff: float) -> int:
         """Delete the rows of responses that finished before ``cutoff``."""
-        deleted = await self.ledger.statement(
-            f"WITH gone AS ({_PRUNE} RETURNING 1) SELECT count(*) FROM gone",
-            (sorted(FINISHED_STATUSES), cutoff),
-        )
-        return int(deleted[0][0])
+        return await self.ledger.prune_chunks(cutoff)
 
 
 class Publisher:

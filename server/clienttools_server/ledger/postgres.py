@@ -1,0 +1,730 @@
+"""The ledger (rule S8) in PostgreSQL, shared by every server process that points at it.
+
+:class:`PostgresLedger` is the ledger's rules (``core.py``, the same class as
+SQLite's) over the PostgreSQL store here: each logical step is one committed
+transaction (or a part of one :meth:`~PostgresLedger.batch`), and most are
+one statement, so one round trip: the fence, the write and the execution's
+``updated_at`` together. The connections, batches and what happens while the
+database is away are ``postgres_pool.py``'s. The routing between processes
+(LISTEN/NOTIFY, ``cluster.py``) listens on a connection of its own outside
+the pool; :meth:`~PostgresLedger.notify` goes through the pool. The shared
+chunk log of a chat's response (``shared_stream.py``) has its statements here
+too (:meth:`~PostgresLedger.append_chunks`, ...).
+
+The schema is created, or migrated, when the ledger opens (``schema.py``).
+Text values the ledger does not parse (session, name, request id, error) may
+hold characters PostgreSQL's ``text`` cannot (NUL); they are stored escaped
+and read back as given.
+
+Example::
+
+    url = "postgresql:///clienttools?host=/run/postgresql"
+    async with await PostgresLedger.connect(url) as ledger:
+        run = await ledger.start_execution("chat-1", '{"messages":[]}', now=time.time())
+        async with ledger.batch():
+            await ledger.record_step(run.id, 0, "tool", "get_location", "{}", "client", time.time())
+            ledger.after_commit(lambda: print("recorded"))  # once the batch has committed
+        assert (await ledger.resolve(run.id, 0, '{"lat":52.5}', now=time.time())).ok
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from typing import Any, Literal
+
+from ..cluster.bus import encode
+from .core import FORGET_DEAD_AFTER_LEASES, LedgerCore
+from .postgres_pool import AWAY_TIMEOUT, DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT, Connections, Transaction
+from .records import (
+    DEFAULT_LEASE,
+    FINISHED_STATUSES,
+    ChatSummary,
+    Execution,
+    ExecutionStatus,
+    Registration,
+    Resolution,
+    Step,
+    StepState,
+    StoredChat,
+)
+from .rules import Leases
+from .schema import EXECUTION_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS, STEP_READ, fence, where
+
+__all__ = [
+    "AWAY_TIMEOUT",
+    "DEFAULT_MAX_SIZE",
+    "DEFAULT_TIMEOUT",
+    "FORGET_DEAD_AFTER_LEASES",
+    "SCHEMA_VERSION",
+    "PostgresLedger",
+    "PostgresStore",
+    "escape",
+]
+
+_FENCE = fence("postgres")
+# A process counts as alive while its row's alive_until has not passed; its own
+# registrations always count for itself.
+_LIVE_PROCESS = (
+    "(r.process_id = %s OR EXISTS (SELECT 1 FROM processes AS p "
+    "WHERE p.id = r.process_id AND p.alive_until >= %s))"
+)
+_STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_READ.split(","))
+# Each write below is one statement, so one round trip and atomic by itself: the
+# step and the execution's updated_at (a step recorded or settled is progress, so
+# the run is not idle and not expirable yet) change together or not at all.
+# An unknown execution inserts nothing, rather than raising a foreign-key error
+# that would abort a batch's transaction.
+_RECORD_STEP = (
+    f"WITH inserted AS (INSERT INTO steps ({STEP_COLUMNS}) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    f"WHERE {_FENCE} "
+    "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
+    "touched AS (UPDATE executions SET updated_at = %s "
+    "WHERE id = %s AND EXISTS (SELECT 1 FROM inserted)) "
+    "SELECT count(*) FROM inserted"
+)
+_SETTLE_SQL = {
+    field: (
+        f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
+        f"WHERE execution_id = %s AND seq = %s AND state = 'pending' AND {_FENCE} "
+        f"RETURNING {STEP_READ}), "
+        "touched AS (UPDATE executions SET updated_at = %s "
+        "WHERE id IN (SELECT execution_id FROM settled)) "
+        "SELECT * FROM settled"
+    )
+    for field in ("result", "error")
+}
+# The shared chunk log of a chat's response (shared_stream.py).
+_APPEND_CHUNKS = (
+    "WITH ins AS (INSERT INTO chunks (execution_id, seq, chunk_json) "
+    "SELECT %s, r.seq, r.chunk FROM unnest(%s::bigint[], %s::text[]) AS r (seq, chunk) "
+    f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING RETURNING 1), "
+    "told AS (SELECT pg_notify(c, %s) FROM unnest(%s::text[]) AS c "
+    "WHERE EXISTS (SELECT 1 FROM ins)) "
+    "SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM told)"
+)
+_READ_CHUNKS = (
+    "SELECT e.status, e.owner, e.updated_at, c.seq, c.chunk_json FROM executions AS e "
+    "LEFT JOIN chunks AS c ON c.execution_id = e.id AND c.seq > %s "
+    "WHERE e.id = %s ORDER BY c.seq"
+)
+_LATEST_OF_CHAT = (
+    "SELECT id, status, owner, updated_at FROM executions "
+    "WHERE session = %s AND chat_id = %s ORDER BY created_at DESC, id DESC LIMIT 1"
+)
+_PRUNE_CHUNKS = (
+    "WITH gone AS (DELETE FROM chunks AS c USING executions AS e WHERE c.execution_id = e.id "
+    "AND e.status = ANY(%s) AND e.updated_at < %s RETURNING 1) SELECT count(*) FROM gone"
+)
+
+# Where an execution stands, for the chunk log: (status, owner, updated_at).
+ChunkHead = tuple[str, str | None, float]
+# One row of the chunk log: (seq, chunk JSON, or None for the end).
+ChunkRow = tuple[int, str | None]
+
+
+def escape(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL (and so the escape character) escaped."""
+    if "\\" not in text and "\x00" not in text:
+        return text
+    return text.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    chars = iter(text)
+    for char in chars:
+        if char == "\\":
+            escaped = next(chars, "")
+            out.append("\x00" if escaped == "0" else escaped)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _maybe_escape(text: str | None) -> str | None:
+    return None if text is None else escape(text)
+
+
+def _maybe_unescape(text: object) -> str | None:
+    return None if text is None else _unescape(str(text))
+
+
+def _execution(row: Sequence[Any]) -> Execution:
+    (id_, session, status, request_json, error, created_at, updated_at, owner, generation,
+     lease_until) = row  # fmt: skip
+    return Execution(
+        id_, _unescape(session), status, request_json, _maybe_unescape(error), created_at,
+        updated_at, owner, int(generation), lease_until,
+    )  # fmt: skip
+
+
+def _step(row: Sequence[Any]) -> Step:
+    (execution_id, seq, kind, name, input_json, resolution, state, result_json, error_json,
+     request_id, attempts, created_at, updated_at, spec_json, target_connection,
+     target_client_id) = row  # fmt: skip
+    return Step(
+        execution_id, seq, kind, _unescape(name), input_json, resolution, state, result_json,
+        error_json, _maybe_unescape(request_id), attempts, created_at, updated_at, spec_json,
+        target_connection, _maybe_unescape(target_client_id),
+    )  # fmt: skip
+
+
+def _namespace(database: str, schema: str) -> str:
+    """A short tag of the ledger's database and schema: channel names stay within 63 bytes."""
+    return hashlib.sha256(f"{database}\x00{schema}".encode()).hexdigest()[:12]
+
+
+class _PostgresSessions(Connections):
+    """The PostgreSQL dialect of the processes, registrations, session owners and chats."""
+
+    # processes and registrations (S2 across processes)
+
+    namespace = ""  # set once connected: the channels' prefix for this schema
+
+    async def open(self) -> None:
+        await super().open()
+        try:
+            [(database, schema)] = await self.read("SELECT current_database(), current_schema()")
+        except BaseException:
+            await self.close()
+            raise
+        self.namespace = _namespace(str(database), str(schema))
+
+    async def keep_alive(
+        self, owner: str, now: float, until: float, forget_before: float
+    ) -> frozenset[str]:
+        # One statement: this process's row renewed, the registrations (and rows) of
+        # processes dead for long deleted, and who is alive now. Not at once: a
+        # process that was only stalled (SIGSTOP, a long pause) and comes back
+        # finds its registrations there again, counted once its row is renewed.
+        rows = await self.write_one(
+            "WITH me AS (INSERT INTO processes (id, alive_until) VALUES (%s, %s) "
+            "ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until), "
+            "dead AS (DELETE FROM processes WHERE alive_until < %s AND id <> %s RETURNING id), "
+            "unregistered AS (DELETE FROM registrations WHERE process_id IN "
+            "(SELECT id FROM dead)) "
+            "SELECT id FROM processes WHERE alive_until >= %s AND id <> %s",
+            (owner, until, forget_before, owner, now, owner),
+        )
+        return frozenset({owner, *(str(row[0]) for row in rows)})
+
+    async def register(
+        self, owner: str, connection_id: str, session: str, client_id: str | None, tools: str
+    ) -> int:
+        # Another connection of the same page (session, clientId) is one it left.
+        [(order,)] = await self.write_one(
+            "WITH moved AS (DELETE FROM registrations WHERE session = %s AND client_id = %s "
+            "AND connection_id <> %s) "
+            "INSERT INTO registrations (connection_id, session, process_id, client_id, tools_json) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (connection_id) DO UPDATE SET "
+            "client_id = EXCLUDED.client_id, tools_json = EXCLUDED.tools_json, "
+            "registration = EXCLUDED.registration RETURNING registration",
+            (
+                escape(session), _maybe_escape(client_id), connection_id, connection_id,
+                escape(session), owner, _maybe_escape(client_id), tools,
+            ),
+        )  # fmt: skip
+        return int(order)
+
+    async def unregister(self, connection_id: str) -> None:
+        await self.write_one(
+            "DELETE FROM registrations WHERE connection_id = %s RETURNING 1", (connection_id,)
+        )
+
+    async def registrations(self, owner: str, session: str, now: float) -> list[Registration]:
+        rows = await self.read(
+            "SELECT r.connection_id, r.session, r.process_id, r.registration, r.client_id, "
+            f"r.tools_json FROM registrations AS r WHERE r.session = %s AND {_LIVE_PROCESS} "
+            "ORDER BY r.registration",
+            (escape(session), owner, now),
+        )
+        return [
+            Registration(
+                str(connection_id),
+                _unescape(str(name)),
+                str(process_id),
+                int(order),
+                _maybe_unescape(client_id),
+                str(tools_json),
+            )
+            for connection_id, name, process_id, order, client_id, tools_json in rows
+        ]
+
+    async def registered(self, owner: str, connection_id: str, now: float) -> bool:
+        rows = await self.read(
+            f"SELECT 1 FROM registrations AS r WHERE r.connection_id = %s AND {_LIVE_PROCESS}",
+            (connection_id, owner, now),
+        )
+        return bool(rows)
+
+    async def notify(
+        self, owner: str, process_id: str | None, kind: str, args: Sequence[str]
+    ) -> None:
+        payload = encode(owner, kind, tuple(args))
+        await self.write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
+
+    def channel(self, process_id: str | None) -> str:
+        """The LISTEN channel of one process (None: of every process) in this schema."""
+        return f"ct_{self.namespace}_{'all' if process_id is None else process_id}"
+
+    # who owns each session (O1)
+
+    async def claim_session(self, session: str, principal: str, now: float) -> str:
+        async with self.write() as tx:
+            await tx.execute(
+                "INSERT INTO session_owners (session, principal, created_at) "
+                "VALUES (%s, %s, %s) ON CONFLICT (session) DO NOTHING",
+                (escape(session), escape(principal), now),
+            )
+            # A statement of its own: in READ COMMITTED it sees the row of a claim
+            # that won the race and committed while the insert above waited for it.
+            row = await tx.fetchone(
+                "SELECT principal FROM session_owners WHERE session = %s", (escape(session),)
+            )
+        assert row is not None
+        return _unescape(str(row[0]))
+
+    async def session_owner(self, session: str) -> str | None:
+        rows = await self.read(
+            "SELECT principal FROM session_owners WHERE session = %s", (escape(session),)
+        )
+        return _unescape(str(rows[0][0])) if rows else None
+
+    async def sessions_owned_by(self, principal: str) -> list[str]:
+        rows = await self.read(
+            "SELECT session FROM session_owners WHERE principal = %s ORDER BY session",
+            (escape(principal),),
+        )
+        return [_unescape(str(session)) for (session,) in rows]
+
+    # the conversations (H1-H5)
+
+    async def get_chat(self, chat_id: str) -> StoredChat | None:
+        rows = await self.read(
+            "SELECT session, version, updated_at, streaming, "
+            "(SELECT array_agg(message_json ORDER BY position) FROM chat_messages "
+            " WHERE chat_id = chats.id) FROM chats WHERE id = %s",
+            (escape(chat_id),),
+        )
+        if not rows:
+            return None
+        session, version, updated_at, streaming, messages = rows[0]
+        return StoredChat(
+            chat_id, _unescape(session), int(version), updated_at, tuple(messages or ()),
+            streaming,
+        )  # fmt: skip
+
+    async def locked_chat(
+        self, tx: Transaction, chat_id: str, session: str, now: float
+    ) -> tuple[str, int, int]:
+        key = escape(chat_id)
+        await tx.execute(
+            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+            "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
+            (key, escape(session), now),
+        )
+        row = await tx.fetchone(
+            "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE", (key,)
+        )
+        assert row is not None
+        return _unescape(str(row[0])), int(row[1]), int(row[2])
+
+    async def store_chat(
+        self, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str], version: int,
+        streaming: str | None, now: float,
+    ) -> None:  # fmt: skip
+        key = escape(chat_id)
+        await tx.execute(
+            "DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s", (key, keep)
+        )
+        if messages:
+            await tx.execute(
+                "INSERT INTO chat_messages (chat_id, position, message_json) "
+                "SELECT %s, %s + ord - 1, m FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, ord)",
+                (key, keep, list(messages)),  # JSON text: never a raw NUL
+            )
+        await tx.execute(
+            "UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
+            "updated_at = %s WHERE id = %s",
+            (version, keep + len(messages), streaming, now, key),
+        )
+
+    async def delete_chat(self, chat_id: str) -> bool:
+        rows = await self.write_one(
+            "DELETE FROM chats WHERE id = %s RETURNING id", (escape(chat_id),)
+        )
+        return bool(rows)
+
+    async def chats(
+        self, session: str | None, limit: int, before: tuple[float, str] | None,
+        sessions: Collection[str] | None,
+    ) -> list[ChatSummary]:  # fmt: skip
+        clause, params = where(
+            None if session is None else ("session = %s", [escape(session)]),
+            None if sessions is None else ("session = ANY(%s)", [[escape(s) for s in sessions]]),
+            None
+            if before is None
+            else ("(updated_at, id) < (%s, %s)", [before[0], escape(before[1])]),
+        )
+        rows = await self.read(
+            "SELECT id, session, message_count, version, updated_at FROM chats "
+            f"{clause} ORDER BY updated_at DESC, id DESC LIMIT %s",
+            (*params, limit),
+        )
+        return [
+            ChatSummary(_unescape(r[0]), _unescape(r[1]), int(r[2]), int(r[3]), r[4]) for r in rows
+        ]
+
+    async def prune_chats(self, cutoff: float) -> int:
+        rows = await self.write_one(
+            "DELETE FROM chats WHERE updated_at < %s AND (streaming IS NULL OR NOT EXISTS ("
+            " SELECT 1 FROM executions WHERE id = streaming "
+            " AND status IN ('running', 'paused'))) RETURNING id",
+            (cutoff,),
+        )
+        return len(rows)
+
+
+class PostgresStore(_PostgresSessions):
+    """The PostgreSQL dialect of every ledger operation, on the pool of :class:`Connections`."""
+
+    # leases
+
+    async def generation(self, execution_id: str) -> int | None:
+        rows = await self.read(
+            "SELECT generation FROM executions WHERE id = %s", (escape(execution_id),)
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def take_over(self, owner: str, until: float, now: float) -> list[Execution]:
+        # SKIP LOCKED: a run another process is taking over (or writing) right now
+        # is not lapsed for us; the next round sees how it ended.
+        rows = await self.write_one(
+            "UPDATE executions SET owner = %s, generation = generation + 1, lease_until = %s "
+            "WHERE id IN (SELECT id FROM executions WHERE status IN ('running', 'paused') "
+            "AND (lease_until IS NULL OR lease_until < %s) FOR UPDATE SKIP LOCKED) "
+            f"RETURNING {EXECUTION_COLUMNS}",
+            (owner, until, now),
+        )
+        return [_execution(row) for row in rows]
+
+    async def renew(self, held: Sequence[tuple[str, int]], until: float) -> set[str]:
+        rows = await self.write_one(
+            "UPDATE executions AS e SET lease_until = %s "
+            "FROM unnest(%s::text[], %s::bigint[]) AS h (id, generation) "
+            "WHERE e.id = h.id AND e.generation = h.generation RETURNING e.id",
+            (until, [escape(i) for i, _ in held], [g for _, g in held]),
+        )
+        return {_unescape(str(row[0])) for row in rows}
+
+    # executions
+
+    async def insert_execution(self, execution: Execution, chat_id: str | None) -> bool:
+        e = execution
+        rows = await self.write_one(
+            f"INSERT INTO executions ({EXECUTION_COLUMNS}, chat_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (session, chat_id) WHERE status IN ('running', 'paused') DO NOTHING "
+            "RETURNING id",
+            (
+                e.id, escape(e.session), e.status, e.request_json, _maybe_escape(e.error),
+                e.created_at, e.updated_at, e.owner, e.generation, e.lease_until,
+                _maybe_escape(chat_id),
+            ),
+        )  # fmt: skip
+        return bool(rows)
+
+    async def get_execution(self, execution_id: str) -> Execution | None:
+        rows = await self.read(
+            f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE id = %s", (escape(execution_id),)
+        )
+        return _execution(rows[0]) if rows else None
+
+    async def executions(
+        self, statuses: Collection[ExecutionStatus] | None, session: str | None
+    ) -> list[Execution]:
+        clause, params = where(
+            None if statuses is None else ("status = ANY(%s)", [list(statuses)]),
+            None if session is None else ("session = %s", [escape(session)]),
+        )
+        rows = await self.read(
+            f"SELECT {EXECUTION_COLUMNS} FROM executions {clause} ORDER BY created_at, id",
+            params,
+        )
+        return [_execution(row) for row in rows]
+
+    async def locked_execution(self, tx: Transaction, execution_id: str) -> Execution | None:
+        # FOR UPDATE: another process's status change waits for ours.
+        row = await tx.fetchone(
+            f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE id = %s FOR UPDATE",
+            (escape(execution_id),),
+        )
+        return None if row is None else _execution(row)
+
+    async def set_status(
+        self, tx: Transaction, execution_id: str, status: ExecutionStatus, error: str | None,
+        now: float,
+    ) -> None:  # fmt: skip
+        await tx.execute(
+            "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
+            (status, _maybe_escape(error), now, escape(execution_id)),
+        )
+
+    async def settle_pending(
+        self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,
+    ) -> None:  # fmt: skip
+        await tx.execute(
+            "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
+            "WHERE execution_id = %s AND state = 'pending'",
+            (state, error_json, now, escape(execution_id)),
+        )
+
+    async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
+        # SKIP LOCKED: a run another process is changing right now is not idle.
+        rows = await tx.fetchall(
+            "SELECT id FROM executions AS e WHERE updated_at < %s AND ("
+            " status = 'paused' OR (status = 'running' AND EXISTS ("
+            "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
+            " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
+            (cutoff,),
+        )
+        return [_unescape(str(row[0])) for row in rows]
+
+    async def prune_finished(self, cutoff: float) -> int:
+        # The steps go with their execution (ON DELETE CASCADE).
+        async with self.write() as tx:
+            return await tx.execute(
+                "DELETE FROM executions WHERE status = ANY(%s) AND updated_at < %s",
+                (sorted(FINISHED_STATUSES), cutoff),
+            )
+
+    # steps
+
+    async def insert_step(self, step: Step, held: int | None) -> bool:
+        s = step
+        [(inserted,)] = await self.write_one(
+            _RECORD_STEP,
+            (
+                escape(s.execution_id), s.seq, s.kind, escape(s.name), s.input_json,
+                s.resolution, s.state, s.result_json, None, _maybe_escape(s.request_id), 0,
+                s.created_at, s.updated_at, None, escape(s.execution_id), held, s.updated_at,
+                escape(s.execution_id),
+            ),
+        )  # fmt: skip
+        return bool(inserted)
+
+    async def get_step(self, execution_id: str, seq: int) -> Step | None:
+        rows = await self.read(
+            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s",
+            (escape(execution_id), seq),
+        )
+        return _step(rows[0]) if rows else None
+
+    async def step_by_request_id(self, request_id: str) -> Step | None:
+        rows = await self.read(
+            f"SELECT {STEP_READ} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
+            (escape(request_id),),
+        )
+        return _step(rows[0]) if rows else None
+
+    async def steps(self, execution_id: str) -> list[Step]:
+        rows = await self.read(
+            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s ORDER BY seq",
+            (escape(execution_id),),
+        )
+        return [_step(row) for row in rows]
+
+    async def pending_steps(self, session: str | None, resolution: Resolution | None) -> list[Step]:
+        clause, params = where(
+            ("s.state = 'pending' AND e.status IN ('running', 'paused')", []),
+            None if session is None else ("e.session = %s", [escape(session)]),
+            None if resolution is None else ("s.resolution = %s", [resolution]),
+        )
+        rows = await self.read(
+            f"SELECT {_STEP_OF_RUN} FROM steps AS s JOIN executions AS e ON e.id = s.execution_id "
+            f"{clause} ORDER BY s.created_at, s.execution_id, s.seq",
+            params,
+        )
+        return [_step(row) for row in rows]
+
+    async def settle(
+        self, execution_id: str, seq: int, field: Literal["result", "error"], state: StepState,
+        value_json: str, now: float, held: int | None,
+    ) -> Step | None:  # fmt: skip
+        key = escape(execution_id)
+        rows = await self.write_one(
+            _SETTLE_SQL[field], (state, value_json, now, key, seq, key, held, now)
+        )
+        return _step(rows[0]) if rows else None
+
+    async def add_attempt(
+        self, execution_id: str, seq: int, now: float, target: tuple[str | None, str | None],
+        held: int | None,
+    ) -> int | None:  # fmt: skip
+        connection, client_id = target
+        key = escape(execution_id)
+        rows = await self.write_one(
+            "UPDATE steps SET attempts = attempts + 1, updated_at = %s, "
+            "target_connection = %s, target_client_id = %s "
+            f"WHERE execution_id = %s AND seq = %s AND {_FENCE} RETURNING attempts",
+            (now, connection, _maybe_escape(client_id), key, seq, key, held),
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def record_spec(
+        self, execution_id: str, seq: int, spec_json: str, held: int | None
+    ) -> Step | None:
+        key = escape(execution_id)
+        # The step as it stands after the update: the updated row, or else the one
+        # that already had a spec (the statement's snapshot predates its update).
+        rows = await self.write_one(
+            f"WITH updated AS (UPDATE steps SET spec_json = %s "
+            f"WHERE execution_id = %s AND seq = %s AND spec_json IS NULL AND {_FENCE} "
+            f"RETURNING {STEP_READ}) "
+            "SELECT * FROM updated UNION ALL "
+            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s "
+            "AND NOT EXISTS (SELECT 1 FROM updated)",
+            (spec_json, key, seq, key, held, key, seq),
+        )
+        return _step(rows[0]) if rows else None
+
+    async def mark_approval(self, execution_id: str, seq: int, tool_call_id: str) -> None:
+        await self.write_one(
+            "UPDATE steps SET tool_call_id = %s WHERE execution_id = %s AND seq = %s "
+            "AND resolution = 'approval' RETURNING 1",
+            (escape(tool_call_id), escape(execution_id), seq),
+        )
+
+    async def approval_step(
+        self, session: str, tool_call_id: str
+    ) -> tuple[Step, str | None] | None:
+        rows = await self.read(
+            f"SELECT {_STEP_OF_RUN}, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'approval' AND s.tool_call_id = %s "
+            "AND e.session = %s AND e.status IN ('running', 'paused') LIMIT 1",
+            (escape(tool_call_id), escape(session)),
+        )
+        if not rows:
+            return None
+        *step, owner = rows[0]
+        return _step(step), None if owner is None else str(owner)
+
+    async def delivered_to(
+        self, connection_ids: Collection[str]
+    ) -> list[tuple[str, str, str | None]]:
+        rows = await self.read(
+            "SELECT s.request_id, s.target_connection, e.owner FROM steps AS s "
+            "JOIN executions AS e ON e.id = s.execution_id "
+            "WHERE s.state = 'pending' AND s.resolution = 'client' "
+            "AND s.target_connection = ANY(%s) AND e.status IN ('running', 'paused')",
+            (list(connection_ids),),
+        )
+        return [
+            (_unescape(str(r)), str(c), None if o is None else str(o))
+            for r, c, o in rows
+            if r is not None
+        ]
+
+
+class PostgresLedger(LedgerCore[Transaction]):
+    """The ledger in one PostgreSQL database (or the first schema of its ``search_path``).
+
+    ``conninfo`` is a libpq URL or key=value string. Opened with
+    ``await PostgresLedger.connect(conninfo)``; closed with ``await ledger.close()``
+    or by ``async with``. One instance serves every task of an event loop: a
+    batch belongs to the task that opened it.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_size: int = DEFAULT_MAX_SIZE,
+        lease: float = DEFAULT_LEASE,
+    ) -> None:
+        """A ledger not open yet (no I/O here): :meth:`connect` makes and opens one."""
+        leases = Leases(lease)
+        self._pg = PostgresStore(conninfo, timeout=timeout, max_size=max_size, lease=lease)
+        super().__init__(self._pg, leases)
+
+    @classmethod
+    async def connect(
+        cls,
+        conninfo: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_size: int = DEFAULT_MAX_SIZE,
+        lease: float = DEFAULT_LEASE,
+    ) -> PostgresLedger:
+        """Open a ledger: connect (else LedgerUnavailable after ``timeout``), migrate its schema."""
+        ledger = cls(conninfo, timeout=timeout, max_size=max_size, lease=lease)
+        await ledger._pg.open()
+        return ledger
+
+    @property
+    def conninfo(self) -> str:
+        return self._pg.conninfo
+
+    def channel(self, process_id: str | None) -> str:
+        """The LISTEN channel of one process (None: of every process) in this schema."""
+        return self._pg.channel(process_id)
+
+    async def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """Run one statement that is a whole read or write by itself; its rows."""
+        return await self._pg.write_one(sql, params)
+
+    # the shared chunk log of a chat's response (shared_stream.py)
+
+    async def append_chunks(
+        self, execution_id: str, rows: Sequence[ChunkRow], kind: str, notify: Sequence[str]
+    ) -> int:
+        """Write rows (those already there are skipped), fenced, and tell processes ``notify``.
+
+        The notification (``kind``, the execution id) goes in the same statement,
+        only if a row was new. Returns how many were; LeaseLost if another process
+        took the run over.
+        """
+        held = self._held(execution_id)
+        payload = encode(self.owner, kind, (execution_id,))
+        key = escape(execution_id)
+        [(inserted, _)] = await self._pg.write_one(
+            _APPEND_CHUNKS,
+            (
+                key, [seq for seq, _ in rows], [text for _, text in rows], key, held, payload,
+                [self.channel(p) for p in notify],
+            ),
+        )  # fmt: skip
+        if not inserted:
+            await self._check_lease(execution_id, held)  # raises if the fence refused them
+        return int(inserted)
+
+    async def read_chunks(
+        self, execution_id: str, after: int
+    ) -> tuple[ChunkHead | None, list[ChunkRow]]:
+        """Where the execution stands and its chunks after seq ``after`` (None: no execution)."""
+        found = await self._pg.read(_READ_CHUNKS, (after, escape(execution_id)))
+        if not found:
+            return None, []
+        status, owner, updated_at = found[0][:3]
+        head = (str(status), None if owner is None else str(owner), float(updated_at))
+        return head, [(int(seq), text) for *_, seq, text in found if seq is not None]
+
+    async def latest_of_chat(self, session: str, chat_id: str) -> tuple[str, ChunkHead] | None:
+        """The newest execution of a session's chat: its id and where it stands."""
+        found = await self._pg.read(_LATEST_OF_CHAT, (escape(session), escape(chat_id)))
+        if not found:
+            return None
+        execution_id, status, owner, updated_at = found[0]
+        head = (str(status), None if owner is None else str(owner), float(updated_at))
+        return str(execution_id), head
+
+    async def prune_chunks(self, cutoff: float) -> int:
+        """Delete the chunks of responses that finished before ``cutoff``."""
+        [(deleted,)] = await self._pg.write_one(_PRUNE_CHUNKS, (sorted(FINISHED_STATUSES), cutoff))
+        return int(deleted)

@@ -1,0 +1,359 @@
+"""The PostgreSQL store's connections: the pool, transactions, batches, a database away.
+
+Asynchronous: every call that reads or writes runs on psycopg's
+:class:`~psycopg_pool.AsyncConnectionPool`, one pooled connection per call,
+so a call waiting for the database holds up only the task that made it,
+never the event loop. A batch belongs to the asyncio task that opened it (a
+:class:`contextvars.ContextVar`, checked against the task): every call of
+that task inside it runs on the batch's connection, in its one transaction,
+while the calls of other tasks, made while the batch awaits, take
+connections of their own and see none of its uncommitted writes.
+
+How long a call waits, and how many run at once: a call waits at most
+``timeout`` (DEFAULT_TIMEOUT, 5 s) for a connection. The wait does not block
+the event loop, so it can ride out a database restart or a burst of calls
+queued for the pool; it stays well under the lease (10 s), so a database
+that is away or too slow fails the calls clearly (LedgerUnavailable: the
+server answers 1013 and the peer retries) rather than leave them hanging
+while runs' leases lapse. The pool's size (DEFAULT_MAX_SIZE, 8 connections)
+bounds how many calls and batches of one process are at the database at
+once. On a 2-core machine with a Unix socket, 100 tasks at once make 200
+chats' ledger calls a second on 1 connection and ~240 on 2 to 16 (``python
+-m bench.ledgers --pool-sizes``): the CPU is the limit, and more connections
+only add PostgreSQL backends. In the server (``bench.ledgers``' 100 pages x
+10 chats) 4 connections took 1.6 times the wall time per call of 8, and 16
+did no better than 8. Eight also leaves room for round trips over a network,
+during which a connection is held, and batches waiting on another process's
+row lock; yet ten processes fit PostgreSQL's default 100 connections (8
+pooled and 1 listening each). Past it calls queue, which is what makes a
+slow database fail them within ``timeout`` instead of piling up at the
+database. A connection idle inside a transaction for longer than the lease
+is closed by the server (``idle_in_transaction_session_timeout``): a process
+stopped in the middle of a batch (SIGSTOP) must not keep its runs' rows
+locked, and so out of reach of the process taking them over, for longer than
+its lease.
+
+When the database goes away, a call fails clearly rather than waiting: it
+raises :class:`~clienttools_server.ledger.LedgerUnavailable` once no
+connection could be had within ``timeout`` seconds (or at once, when the
+connection breaks under it), and the calls after it give up sooner
+(AWAY_TIMEOUT) until one gets through. The pool reconnects by itself.
+
+    connections = Connections(url, timeout=5.0, max_size=8, lease=10.0)
+    await connections.open()
+    rows = await connections.read("SELECT 1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from .records import LedgerClosed, LedgerUnavailable
+from .schema import SCHEMA_VERSION, applied, to_apply
+from .store import Batch
+
+# Seconds a call waits for a connection before it fails with LedgerUnavailable
+# (the module docstring says why 5); once a call has failed, the next ones wait
+# only AWAY_TIMEOUT, until one gets through: a database that is away must not
+# hold every socket's frames for seconds each.
+DEFAULT_TIMEOUT = 5.0
+AWAY_TIMEOUT = 0.1
+# Connections per process: how many calls and batches are at the database at once.
+DEFAULT_MAX_SIZE = 8
+
+# One key for the advisory lock that serializes migrations across processes.
+_MIGRATION_LOCK = 0x636C_746C  # "cltl"
+
+
+class Transaction:
+    """Statements on one connection inside an open transaction."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self.connection = connection
+
+    async def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+        """Run a statement; how many rows it changed."""
+        cursor = await self.connection.execute(sql, params)
+        return cursor.rowcount
+
+    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        cursor = await self.connection.execute(sql, params)
+        row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
+
+    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        cursor = await self.connection.execute(sql, params)
+        rows: list[tuple[Any, ...]] = await cursor.fetchall()
+        return rows
+
+
+@dataclasses.dataclass(eq=False)
+class _Batch(Batch):
+    """One task's open batch on one ledger."""
+
+    owner: Connections | None = None
+    task: asyncio.Task[Any] | None = None  # the task that opened it: the only one that uses it
+    connection: psycopg.AsyncConnection[Any] | None = None
+    open: bool = False  # a transaction is open on the connection
+    rolled_back: bool = False  # a database error rolled back what it had written
+    # It ended: a task spawned inside it (its context holds the batch) must not use it.
+    closed: bool = False
+
+
+# The batches open in this context, innermost last (one per ledger at most). A
+# task spawned inside a batch copies the context, so each batch also names the
+# task it belongs to.
+_BATCHES: contextvars.ContextVar[tuple[_Batch, ...]] = contextvars.ContextVar(
+    "clienttools_ledger_batches", default=()
+)
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop running: no task, so no batch
+        return None
+
+
+async def _alive(connection: psycopg.AsyncConnection[Any]) -> None:
+    """Raise if the server closed this connection (a restart), without a round trip.
+
+    Reads what the server sent while the connection sat in the pool: a server
+    that shut down sent its goodbye and closed the socket, and libpq notices
+    that here. (An empty query would notice more, a network gone silent, but
+    costs a round trip on every call.)
+    """
+    pgconn = connection.pgconn
+    pgconn.consume_input()  # OperationalError once the socket is closed
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection is broken")
+
+
+async def _rollback(connection: psycopg.AsyncConnection[Any]) -> None:
+    """Roll back, unless the connection is gone (then the server rolled back already)."""
+    with contextlib.suppress(psycopg.OperationalError):
+        await connection.execute("ROLLBACK")
+
+
+class Connections:
+    """The pool of one PostgreSQL ledger, and the transactions and batches on it."""
+
+    def __init__(self, conninfo: str, *, timeout: float, max_size: int, lease: float) -> None:
+        """Not open yet (no I/O here): :meth:`open` connects and migrates."""
+        self.conninfo = conninfo
+        self._timeout = timeout
+        self._away = False  # the last call found the database unreachable
+        self._closed = True  # until open() has opened it
+        self._idle_in_transaction = f"{max(1, round(lease * 1000))}ms"
+        self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] = (
+            psycopg_pool.AsyncConnectionPool(
+                conninfo,
+                min_size=1,
+                max_size=max_size,
+                timeout=timeout,
+                # autocommit: we open transactions ourselves, as the SQLite store
+                # does, so a batch can keep going after a call that refused before
+                # writing.
+                kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout))},
+                configure=self._configure,
+                check=_alive,
+                # Give up reconnecting in the background soon: then each call that
+                # finds no connection starts a fresh attempt, so the ledger is back
+                # within seconds of the database, not after a backoff grown long.
+                reconnect_timeout=timeout,
+                open=False,
+                name="clienttools-ledger",
+            )
+        )
+
+    async def open(self) -> None:
+        """Connect (else LedgerUnavailable after ``timeout``) and migrate the schema."""
+        try:
+            await self._pool.open(wait=True, timeout=self._timeout)
+            self._closed = False
+            await self._migrate()
+        except psycopg_pool.PoolTimeout as exc:
+            await self.close()
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger could not connect within {self._timeout:g} s: {exc}"
+            ) from exc
+        except BaseException:
+            await self.close()  # a half-opened ledger must not leak its connections
+            raise
+
+    async def _configure(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        # A process stopped inside a batch must not hold its runs' rows locked,
+        # out of reach of the process taking them over, past its lease.
+        await connection.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (self._idle_in_transaction,),
+        )
+
+    async def _migrate(self) -> None:
+        # Under an advisory lock, so that processes starting together do not race;
+        # the version is the one row of ledger_schema.
+        async with self.write() as tx:
+            await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await tx.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
+            row = await tx.fetchone("SELECT version FROM ledger_schema")
+            version = 0 if row is None else int(row[0])
+            for statement in to_apply("postgres", applied(version, "postgres")):
+                await tx.execute(statement)
+            if row is None:
+                await tx.execute(
+                    "INSERT INTO ledger_schema (version) VALUES (%s)", (SCHEMA_VERSION,)
+                )
+            elif version != SCHEMA_VERSION:
+                await tx.execute("UPDATE ledger_schema SET version = %s", (SCHEMA_VERSION,))
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosed("the ledger is closed (or was never opened: connect() opens it)")
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._pool.close()
+
+    def current_batch(self) -> _Batch | None:
+        """This ledger's batch that the current task opened and that is still open."""
+        batches = _BATCHES.get()
+        if not batches:
+            return None
+        task = _current_task()
+        for batch in reversed(batches):
+            if batch.owner is self and batch.task is task and not batch.closed:
+                return batch
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The batch's connection, or one from the pool for this call."""
+        self.check_open()
+        batch = self.current_batch()
+        if batch is None:
+            with self._unavailable_as_error():
+                async with self._pooled() as connection:
+                    yield connection
+            return
+        assert batch.connection is not None
+        with self._unavailable_as_error():
+            try:
+                yield batch.connection
+            except psycopg.Error:
+                # A database error aborts a PostgreSQL transaction: the whole batch
+                # goes, rather than half a call. (Refusals are checked before any
+                # statement, so they never come here and leave the batch alone.)
+                if batch.open:
+                    await _rollback(batch.connection)
+                    batch.open = False
+                    batch.rolled_back = True
+                raise
+
+    def _pooled(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        return self._pool.connection(timeout=AWAY_TIMEOUT if self._away else self._timeout)
+
+    @contextlib.contextmanager
+    def _unavailable_as_error(self) -> Iterator[None]:
+        waited = AWAY_TIMEOUT if self._away else self._timeout
+        try:
+            yield
+        except LedgerUnavailable:
+            raise  # said so already, by a call inside this one (a batch's)
+        except psycopg_pool.PoolTimeout as exc:
+            self._away = True
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger is unreachable: no connection within {waited:g} s"
+            ) from exc
+        except psycopg_pool.PoolClosed as exc:
+            raise LedgerClosed("the ledger is closed") from exc
+        except psycopg.errors.IdleInTransactionSessionTimeout as exc:
+            # The database is there; it ended a batch left idle past the lease.
+            raise LedgerUnavailable(
+                f"the PostgreSQL ledger ended a transaction idle past the lease: {exc}"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            self._away = True
+            raise LedgerUnavailable(f"the PostgreSQL ledger is unreachable: {exc}") from exc
+        except Exception:
+            self._away = False  # an answer came back, so the database is there
+            raise
+        self._away = False
+
+    async def read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        async with self._connection() as connection:
+            cursor = await connection.execute(sql, params)
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()
+            return rows
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[Transaction]:
+        """One atomic write: its own committed transaction, or a part of the batch's."""
+        batch = self.current_batch()
+        async with self._connection() as connection:
+            if batch is not None:
+                if not batch.open:
+                    await connection.execute("BEGIN")
+                    batch.open = True
+                yield Transaction(connection)
+                return
+            await connection.execute("BEGIN")
+            try:
+                yield Transaction(connection)
+            except BaseException:
+                await _rollback(connection)
+                raise
+            await connection.execute("COMMIT")
+
+    async def write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """One statement that is a whole write by itself: atomic with no BEGIN and COMMIT."""
+        if self.current_batch() is not None:
+            async with self.write() as tx:
+                return await tx.fetchall(sql, params)
+        return await self.read(sql, params)
+
+    @contextlib.asynccontextmanager
+    async def open_batch(self) -> AsyncIterator[Batch]:
+        """Open this task's batch on a connection of its own; commit it when the block ends."""
+        with self._unavailable_as_error():
+            async with self._pooled() as connection:
+                batch = _Batch(owner=self, task=_current_task(), connection=connection)
+                token = _BATCHES.set((*_BATCHES.get(), batch))
+                try:
+                    yield batch
+                except BaseException:
+                    await self._end(batch, token, raising=True)
+                    raise
+                await self._end(batch, token, raising=False)
+
+    async def _end(
+        self, batch: _Batch, token: contextvars.Token[tuple[_Batch, ...]], *, raising: bool
+    ) -> None:
+        """Commit the batch's transaction; mark it committed unless it was rolled back."""
+        batch.closed = True
+        _BATCHES.reset(token)
+        connection = batch.connection
+        assert connection is not None
+        if batch.open:
+            batch.open = False
+            if connection.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                # A statement was interrupted (its task cancelled) and aborted the
+                # transaction, or the connection is gone: COMMIT would only roll back.
+                await _rollback(connection)
+                if not raising:
+                    raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
+                return
+            try:
+                with self._unavailable_as_error():
+                    await connection.execute("COMMIT")
+            except BaseException:
+                await _rollback(connection)
+                raise
+        batch.committed = not batch.rolled_back
