@@ -20,8 +20,8 @@ short, and both processes raise their open-file limit to the hard limit.
    before the first page, over N.
 2. **CPU at rest**: the server's CPU seconds over a window (`--window`, 30 s)
    in which nothing happens but pings (the server's `cf_agent_ping` every 15 s
-   per page, and uvicorn's WebSocket-level ping every 20 s), per second of wall
-   time: 0.05 is 5 % of one core.
+   per page; uvicorn's WebSocket-level ping, every 20 s, only until a page first
+   answers ours), per second of wall time: 0.05 is 5 % of one core.
 3. **Restart**: `--holders` pages each start a chat whose model calls `hold`
    on them, and keep the result unsent (as a page does that computed it when
    the connection broke). Then the server is killed (SIGKILL) and started again

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from typing import Any
 
@@ -30,7 +31,8 @@ from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from clienttools_server.app import RunningServer
+from clienttools_server import app as app_module
+from clienttools_server.app import RunningServer, uvicorn_config
 from tests.support.wait import wait_until_blocking
 
 # Small enough that the replies below fill it many times over, so the close frame
@@ -170,3 +172,92 @@ async def test_a_refused_frame_closes_with_a_close_frame(
     assert replies, "the backlog of protocol errors never arrived"
     assert close_code(frames) == code, f"no close frame ({len(replies)} replies, reset={reset})"
     assert not reset
+
+
+class TransportPings:
+    """A page on a raw socket that sees the WebSocket-level pings (a library would hide them)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, protocol: ClientProtocol
+    ) -> None:
+        self.reader, self.writer, self.protocol = reader, writer, protocol
+        self.transport_pings: list[float] = []
+        self.app_pings: list[dict[str, Any]] = []
+
+    @classmethod
+    async def open(cls, url: str) -> TransportPings:
+        uri = parse_uri(url)
+        reader, writer = await asyncio.open_connection(uri.host, uri.port)
+        protocol = ClientProtocol(uri)
+        protocol.send_request(protocol.connect())
+        peer = cls(reader, writer, protocol)
+        await peer._flush()
+        while not any(isinstance(e, Response) for e in await peer._read_events()):
+            pass
+        return peer
+
+    async def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            self.writer.write(data)
+        await self.writer.drain()
+
+    async def _read_events(self) -> list[Any]:
+        data = await self.reader.read(65536)
+        if data:
+            self.protocol.receive_data(data)
+        else:
+            self.protocol.receive_eof()
+        await self._flush()  # the pong a real page's browser sends at once
+        return self.protocol.events_received()
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self.protocol.send_text(json.dumps(frame).encode())
+        await self._flush()
+
+    async def listen(self, seconds: float) -> None:
+        """Read for ``seconds``: note each ping of either kind as it arrives."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while (left := end - loop.time()) > 0:
+            try:
+                events = await asyncio.wait_for(self._read_events(), left)
+            except TimeoutError:
+                return
+            for event in events:
+                if isinstance(event, Frame) and event.opcode is Opcode.PING:
+                    self.transport_pings.append(loop.time())
+                elif isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                    frame = json.loads(event.data)
+                    if frame["type"] == "cf_agent_ping":
+                        self.app_pings.append(frame)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def test_the_transport_pings_stop_once_the_page_answers_the_apps(
+    start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ping per interval for an idle page, not two: after its first pong only ours."""
+
+    def fast_transport_pings(app: Any, config: Any) -> Any:
+        served = uvicorn_config(app, config)
+        served.ws_ping_interval = 0.1
+        return served
+
+    monkeypatch.setattr(app_module, "uvicorn_config", fast_transport_pings)
+    server = await start_server(ping_interval=0.3)
+    page = await TransportPings.open(server.ws_url("s1"))
+    await page.send({"type": "cf_agent_client_tools", "protocol": 1, "clientId": "c", "tools": []})
+    await page.listen(0.5)
+    assert len(page.transport_pings) >= 2, "no WebSocket pings before the page answered ours"
+    assert page.app_pings, "no cf_agent_ping in 0.5 s at a 0.3 s interval"
+    await page.send({"type": "cf_agent_pong", "t": page.app_pings[-1]["t"]})
+    answered = asyncio.get_running_loop().time()
+    before = len(page.app_pings)
+    await page.listen(1.0)
+    # A ping already on its way when the pong arrived may still come in.
+    late = [t for t in page.transport_pings if t > answered + 0.15]
+    assert late == [], f"{len(late)} WebSocket pings after the page answered ours"
+    assert len(page.app_pings) - before >= 2, "our own pings stopped too"
+    page.close()

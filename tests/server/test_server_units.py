@@ -307,3 +307,38 @@ def test_the_pending_call_table_settles_once_and_answers_every_late_result() -> 
         next_delivery_state(DeliveryState.APPLIED, DeliveryEvent.RESULT)
     assert LATE_RESULT[DeliveryState.APPLIED] == "duplicate"
     assert LATE_RESULT[DeliveryState.SUPERSEDED] == LATE_RESULT[DeliveryState.CLOSED] == "stale"
+
+
+async def test_a_page_that_answered_pings_and_falls_silent_is_closed(
+    start_server: Any, chunk_collector: Any
+) -> None:
+    """2.5 ping intervals of silence from a page that answers pings: it is gone (1011)."""
+    clock = ManualClock()
+    server = await start_server(clock=clock)  # pings every 15 s
+    page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await page.register([])
+    # A peer that never answered a ping is not judged by them: uvicorn's pings stay its test.
+    mute = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await mute.register([])
+    start = clock.now()
+    await wait_until(lambda: start + 15 in set(clock.deadlines()), 5, "the ping timers")
+    clock.advance(15)
+    ping = await page.expect("cf_agent_ping")
+    await page.send({"type": "cf_agent_pong", "t": ping["t"]})
+    # Frames are handled in order: once this one's answer is back, so is the pong.
+    await page.send({"type": "cf_agent_chat_subscribe", "id": "silence"})
+    await page.expect("cf_agent_chat_messages")
+    await mute.expect("cf_agent_ping")
+    for _ in range(2):  # 45 s after the pong: still under 2.5 intervals at 30 s
+        await wait_until(lambda: clock.now() + 15 in set(clock.deadlines()), 5, "the next ping")
+        clock.advance(15)
+        await page.expect("cf_agent_ping")
+        await mute.expect("cf_agent_ping")
+    assert page.close_code is None
+    await wait_until(lambda: clock.now() + 15 in set(clock.deadlines()), 5, "the next ping")
+    clock.advance(15)  # 45 s since the pong: over 37.5 s
+    assert await page.expect_closed() == 1011
+    await mute.expect("cf_agent_ping")
+    assert mute.close_code is None
+    await page.close()
+    await mute.close()

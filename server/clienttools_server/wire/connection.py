@@ -58,12 +58,16 @@ from ..calls.pages import Client
 from ..clock import SYSTEM_CLOCK, Clock, Timer, sleep
 from ..config import ServerConfig
 from ..ledger import LeaseLost, LedgerUnavailable
+from .websocket_protocol import KEEPALIVE
 
 logger = logging.getLogger(__name__)
 
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_SILENT = 1011  # as websockets and uvicorn close a peer that stopped answering pings
+#: A page that answers pings and sends nothing for this many intervals is gone (C12's rule).
+SILENT_INTERVALS = 2.5
 MAX_SESSION_NAME = 256
 
 
@@ -149,7 +153,11 @@ class PageConnection:
         self._config = config
         self._clock = clock
         self._idle_timer: Timer | None = None
-        self._idle_expired = False
+        # Why the server ends the read (the idle timeout, a silent page), with its close code.
+        self._ended: tuple[int, str] | None = None
+        self._reader: asyncio.Task[int | None] | None = None
+        self._heard = clock.now()
+        self._answers_pings = False
         self._id = secrets.token_hex(8)
         self._client_id: str | None = None
         self._tools: dict[str, ToolSpec] = {}
@@ -202,17 +210,22 @@ class PageConnection:
         pinger = asyncio.create_task(self._ping())
         self._hub.attach(self)
         close_code: int | None = None
-        reader = asyncio.create_task(self._read())
+        reader = self._reader = asyncio.create_task(self._read())
         # Until the peer registers tools or speaks chat, it gets idle_timeout seconds in all.
-        self._idle_timer = self._clock.call_later(self._config.idle_timeout, self._idle, reader)
+        self._idle_timer = self._clock.call_later(
+            self._config.idle_timeout,
+            self._end,
+            CLOSE_POLICY_VIOLATION,
+            "nothing registered within the idle timeout",
+        )
         try:
             close_code = await reader
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if not self._idle_expired or (current is not None and current.cancelling()):
+            if self._ended is None or (current is not None and current.cancelling()):
                 raise
-            logger.info("closing %s: nothing registered within the idle timeout", self._id)
-            close_code = CLOSE_POLICY_VIOLATION
+            close_code, why = self._ended
+            logger.info("closing %s: %s", self._id, why)
         finally:
             self._open = False
             self._engaged()
@@ -228,10 +241,11 @@ class PageConnection:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self._websocket.close(code=close_code)
 
-    def _idle(self, reader: asyncio.Task[int | None]) -> None:
+    def _end(self, code: int, why: str) -> None:
         self._idle_timer = None
-        self._idle_expired = True
-        reader.cancel()
+        if self._ended is None and self._reader is not None:
+            self._ended = (code, why)
+            self._reader.cancel()
 
     def _engaged(self) -> None:
         if self._idle_timer is not None:
@@ -245,6 +259,7 @@ class PageConnection:
                 message = await self._websocket.receive()
             except (WebSocketDisconnect, RuntimeError, OSError):
                 return None
+            self._heard = self._clock.now()
             if message["type"] == "websocket.disconnect":
                 return None
             text: str | None = message.get("text")
@@ -313,8 +328,13 @@ class PageConnection:
             await hub.subscribe_chat(self, frame)
         elif isinstance(frame, ChatClearFrame):
             await hub.clear_chat(self, frame)
-        elif isinstance(frame, PongFrame):
-            pass  # any frame shows the socket is alive; uvicorn pings at the transport level
+        elif isinstance(frame, PongFrame) and not self._answers_pings:
+            # The page answers our pings: they show it alive from now on (any frame does,
+            # _read notes when), so the transport's own pings would only double the cost.
+            self._answers_pings = True
+            keepalive = self._websocket.scope.get("extensions", {}).get(KEEPALIVE)
+            if keepalive is not None:
+                keepalive["stop"]()
 
     async def _write(self) -> None:
         while True:
@@ -333,5 +353,11 @@ class PageConnection:
             # Only a peer that spoke the tools protocol (C12) knows the ping. A chat-only
             # client, such as the AI SDK's stock WebSocketChatTransport, treats a frame
             # without a requestId as invalid and drops its connection.
-            if self._client_id is not None:
-                self.send(PingFrame(t=self._clock.now() * 1000))
+            if self._client_id is None:
+                continue
+            now = self._clock.now()
+            silent = now - self._heard
+            if self._answers_pings and silent > SILENT_INTERVALS * self._config.ping_interval:
+                self._end(CLOSE_SILENT, f"nothing heard for {silent:.0f} s, pings unanswered")
+                return
+            self.send(PingFrame(t=now * 1000))

@@ -12,18 +12,38 @@ is different: send the close frame, half-close, and keep reading (and
 discarding) until the peer closes. :class:`WebSocketProtocol` does that, within
 the close timeout uvicorn uses for a close the app asks for.
 
+It also offers the app one ASGI extension, ``clienttools.keepalive``: its
+``stop()`` ends uvicorn's WebSocket-level pings on that connection. A page that
+registered tools answers the app's own ``cf_agent_ping``, which then shows the
+connection alive (PageConnection closes a silent one); a second ping at the
+transport level would only double the cost of an idle page. A peer that speaks
+only chat gets no app ping and keeps the transport's.
+
     uvicorn.Config(app, ws=WebSocketProtocol, ws_max_size=limit, ...)
+    websocket.scope["extensions"][KEEPALIVE]["stop"]()   # in the app
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
+
+#: The ASGI extension (in ``scope["extensions"]``) that stops the transport's pings.
+KEEPALIVE = "clienttools.keepalive"
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol, failing a connection without a reset."""
 
     _failed = False
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        # The app's task is created but has not run: it sees the extension in its scope.
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[KEEPALIVE] = {"stop": self.stop_keepalive}
 
     def handle_parser_exception(self) -> None:
         # Called again for every later read while the parser discards: once is enough.
