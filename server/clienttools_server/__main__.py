@@ -24,7 +24,7 @@ from .agent.model_choice import ModelChoiceError
 from .app import create_app, uvicorn_config
 from .clock import SYSTEM_CLOCK, Clock
 from .config import CLIENT_TOOLS_MODES, DB_RETENTION, MEMORY_RETENTION, ServerConfig
-from .startup import StartupError, check_startup
+from .startup import StartupError, open_checked
 from .token_command import secret_type, token_command
 
 
@@ -302,13 +302,23 @@ def serve(config: ServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
     level = logging.DEBUG if config.log_level == "trace" else config.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(check_startup(config))
-        app = create_app(config, clock=clock)
+        asyncio.run(_serve(config, clock))
     except (ModelChoiceError, AgentLoadError, StartupError) as exc:
         # One line that says what to do, not a traceback.
         print(f"clienttools-server: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    uvicorn.Server(uvicorn_config(app, config)).run()
+
+
+async def _serve(config: ServerConfig, clock: Clock) -> None:
+    # One event loop for the checks and the server: the ledger the checks opened
+    # (a PostgreSQL pool belongs to its loop) is the one the app serves with.
+    ledger = await open_checked(config)
+    try:
+        app = create_app(config, clock=clock, ledger=ledger)
+    except BaseException:
+        await ledger.close()
+        raise
+    await uvicorn.Server(uvicorn_config(app, config)).serve()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -216,6 +216,7 @@ def create_app(
     server_tools: Mapping[str, ServerTool] | None = None,
     clock: Clock = SYSTEM_CLOCK,
     authorize: Authorizer | None = None,
+    ledger: Ledger | None = None,
 ) -> Starlette:
     """The ASGI app for ``config``, serving ``agent`` (a user's pydantic-ai Agent) if given.
 
@@ -225,15 +226,19 @@ def create_app(
     handshake and every HTTP request of the chat and pending-call routes, it
     returns the :class:`~clienttools_server.wire.auth.Principal` or None to refuse
     (sync or async); without it, the token rules of ``config``
-    (:func:`~clienttools_server.wire.auth.default_authorizer`).
+    (:func:`~clienttools_server.wire.auth.default_authorizer`). ``ledger``: one
+    already open for ``config.db`` (the command's, opened by its start-up checks),
+    which the app then owns and closes at shutdown; else the lifespan opens it.
     """
     chosen_agent, chosen_model = serving(config, agent, model)
     authorizer = authorize if authorize is not None else default_authorizer(config, clock)
     tools = dict(server_tools) if server_tools is not None else default_server_tools(clock)
 
+    opened = ledger
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger = await open_ledger(config.db, lease=config.lease)
+        ledger = opened if opened is not None else await open_ledger(config.db, lease=config.lease)
         bus = open_bus(config.db, ledger)
         hub = Hub(
             config, ledger, chosen_agent, chosen_model, tools,

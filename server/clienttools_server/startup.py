@@ -23,6 +23,7 @@ import sqlite3
 
 from .app import POSTGRES_SCHEMES, open_ledger
 from .config import ServerConfig
+from .ledger import DEFAULT_LEASE, Ledger
 
 
 class StartupError(Exception):
@@ -31,9 +32,19 @@ class StartupError(Exception):
 
 async def check_startup(config: ServerConfig) -> None:
     """Raise StartupError if ``config``'s directories, address or ledger cannot be used."""
+    ledger = await open_checked(config)
+    await ledger.close()
+
+
+async def open_checked(config: ServerConfig) -> Ledger:
+    """:func:`check_startup`, keeping the ledger it opened: the one the command serves with.
+
+    Opened once: its schema created or migrated here, not a second time in the app's
+    lifespan, which takes this ledger over (and closes it at shutdown).
+    """
     check_static_dirs(config.static_dirs)
     check_listen(config.host, config.port)
-    await check_ledger(config.db)
+    return await open_checked_ledger(config.db, lease=config.lease)
 
 
 def check_static_dirs(directories: tuple[str, ...]) -> None:
@@ -91,17 +102,22 @@ def _bind_failure(host: str, port: int, exc: OSError) -> str:
 
 async def check_ledger(db: str | None) -> None:
     """Open the ledger ``--db`` names (creating or migrating its schema), then close it."""
+    ledger = await open_checked_ledger(db)
+    await ledger.close()
+
+
+async def open_checked_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
+    """The ledger ``--db`` names, open (its schema created or migrated); StartupError if not."""
     if db is None:
-        return  # in memory: nothing that can fail
+        return await open_ledger(None, lease=lease)  # in memory: nothing that can fail
     if db.startswith(POSTGRES_SCHEMES):
         await _reach_postgres(db)
     try:
-        ledger = await open_ledger(db)
+        return await open_ledger(db, lease=lease)
     except sqlite3.Error as exc:
         raise StartupError(_sqlite_failure(db, exc)) from None
     except RuntimeError as exc:  # a schema newer than this code, or a database gone since
         raise StartupError(f"--db {_shown(db)}: {exc}") from None
-    await ledger.close()
 
 
 async def _reach_postgres(url: str) -> None:

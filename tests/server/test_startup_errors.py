@@ -19,8 +19,16 @@ from pathlib import Path
 import pytest
 
 from clienttools_server.__main__ import config_from_args
+from clienttools_server.app import create_app
 from clienttools_server.config import ServerConfig
-from clienttools_server.startup import StartupError, check_ledger, check_listen, check_startup
+from clienttools_server.ledger import LedgerClosed
+from clienttools_server.startup import (
+    StartupError,
+    check_ledger,
+    check_listen,
+    check_startup,
+    open_checked,
+)
 from tests.support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +193,18 @@ async def test_the_checks_pass_for_ledgers_that_open(
     await check_startup(ServerConfig(port=0, db=postgres.fresh_url()))
     with pytest.raises(StartupError, match=r"^--static "):
         await check_startup(ServerConfig(port=0, static_dirs=(str(tmp_path / "gone"),)))
+
+
+async def test_the_app_serves_with_the_ledger_the_checks_opened(tmp_path: Path) -> None:
+    """The command opens its ledger once: the checks' ledger is the app's, closed at shutdown."""
+    config = ServerConfig(port=0, db=str(tmp_path / "l.sqlite3"))
+    ledger = await open_checked(config)
+    app = create_app(config, ledger=ledger)
+    async with app.router.lifespan_context(app):
+        assert app.state.ledger is ledger
+        execution = await ledger.start_execution("s", "{}", 1.0)
+        assert await app.state.hub.ledger.get_execution(execution.id) is not None
+    with pytest.raises(LedgerClosed):
+        await ledger.get_execution(execution.id)
+    with pytest.raises(StartupError, match=r"^--static "):
+        await open_checked(ServerConfig(port=0, static_dirs=(str(tmp_path / "gone"),)))

@@ -178,7 +178,7 @@ class CallRelay:
             return
         if isinstance(target, RemotePeer) and target.process_id == process_id:
             target.gone = True
-            if entry.recorded:  # else its invoke is not out yet: _announce sees it gone
+            if entry.recorded:  # else its invoke is not out yet: CallProxy._announce sees it gone
                 await self.proxy.target_gone(entry)
 
     async def registered_elsewhere(self, session: str) -> None:
