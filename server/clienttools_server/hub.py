@@ -94,6 +94,12 @@ class Hub:
             find_spec=self.pages.tool_spec, schemas=schemas,
         )  # fmt: skip
         self.approvals = Approvals(ledger, clock, shared=bus is not None)
+        # Several processes on one ledger (PostgreSQL): registrations live in the
+        # ledger and calls are routed between processes over the bus. None: this
+        # process is the whole server (SQLite), everything stays in memory.
+        if bus is not None:
+            self.pages.peers = Peers(ledger, self.pages.local_tools, clock.now)
+            BusHandlers(ledger, self.pages, self.browser, self.approvals).listen(bus)
         self.finished = FinishedResponses(config.resume_grace, clock.now)
         # The chats' stored messages (H1-H5); on the bus too with several processes.
         self.conversations = Conversations(ledger, clock, bus=bus)
@@ -104,13 +110,10 @@ class Hub:
         self.outside = OutsideSettlement(
             ledger, self.browser, self.approvals, self.runs.answering, shared=bus is not None
         )
-        # Several processes on one ledger (PostgreSQL): registrations live in the
-        # ledger and calls are routed between processes over the bus. None: this
-        # process is the whole server (SQLite), everything stays in memory.
+        # The chat streams across processes, on the bus too (after the handlers above:
+        # on a reconnect the calls resync first, then the chats, then the streams).
         self.shared: SharedStreams | None = None
         if bus is not None:
-            self.pages.peers = Peers(ledger, self.pages.local_tools, clock.now)
-            BusHandlers(ledger, self.pages, self.browser, self.approvals).listen(bus)
             from .cluster.shared_streams import SharedStreams  # psycopg: only with a shared ledger
 
             self.shared = self.runs.shared = SharedStreams(
