@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
+from tests.reliability.results import Scenario
 from tests.server.server_harness import ChunkCollector, FakeBrowser, Response
 from tests.support.faultproxy import FaultProxy, Rule, drop
 from tests.support.wait import wait_until
@@ -265,3 +266,53 @@ async def faulted_stack(config: ServerConfig, session: str) -> AsyncIterator[Sta
             await page.close()
         assert not chat.violations, chat.violations
         assert not proxy.errors, proxy.errors
+
+
+async def fuzz_beside_calls(
+    server: RunningServer,
+    scenario: Scenario,
+    cases: Sequence[bytes],
+    send_case: Callable[[bytes, int], Awaitable[None]],
+) -> None:
+    """Send every case while another session keeps calling page tools, and once after.
+
+    Each of the bystander's calls must come out as asked: what the fuzzing does
+    to one session must not touch another. Counts the cases sent on ``scenario``.
+    """
+    page = await Page.open(server.ws_url("calm"))
+    chat = await ChatPeer.open(server.ws_url("calm"))
+    done = asyncio.Event()
+
+    async def bystander() -> None:
+        index = 0
+        while True:
+            last = done.is_set()
+            numbers = [index * 2, index * 2 + 1]
+            tag = f"calm-{index}"
+            report = report_of(await chat.ask(prompt_for(tag, numbers)), page, tag)
+            expected = [("work", {"n": n, "sq": n * n}) for n in numbers]
+            for call in report.calls:
+                scenario.add_call(settlements=call.settlements, executions=call.executions)
+            scenario.add_transcript(report.transcript.outcomes == expected)
+            assert report.transcript.outcomes == expected, report.transcript
+            index += 1
+            if last:
+                return
+
+    calls = asyncio.create_task(bystander())
+    try:
+        for index, wire in enumerate(cases):
+            await send_case(wire, index)
+            scenario.cases += 1
+            if calls.done():
+                break
+        done.set()
+        await asyncio.wait_for(calls, 60)
+    finally:
+        done.set()
+        await chat.close()
+        await page.close()
+        if not calls.done():
+            calls.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await calls

@@ -35,7 +35,7 @@ from clienttools.session import (
 from clienttools.tools import ToolRegistry
 from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
-from tests.reliability.harness import ChatPeer, Page, prompt_for, report_of
+from tests.reliability.harness import fuzz_beside_calls
 from tests.reliability.results import Scenario
 from tests.support.frames import (
     json_objects,
@@ -221,47 +221,11 @@ async def test_live_server_survives_mutated_frames(scenario: Scenario, soak_fact
     # Warnings and errors of the server (uvicorn's among them) show with a failure.
     config = ServerConfig(port=0, log_level="warning", tool_timeout=5.0)
     async with running_server(config) as server:
-        page = await Page.open(server.ws_url("calm"))
-        chat = await ChatPeer.open(server.ws_url("calm"))
         fuzzer = FuzzPeer(server.ws_url("fuzz"))
-        done = asyncio.Event()
-
-        async def bystander() -> None:
-            # The other session keeps calling while the fuzzing goes on, and once after.
-            index = 0
-            while True:
-                last = done.is_set()
-                numbers = [index * 2, index * 2 + 1]
-                tag = f"calm-{index}"
-                response = await chat.ask(prompt_for(tag, numbers))
-                report = report_of(response, page, tag)
-                expected = [("work", {"n": n, "sq": n * n}) for n in numbers]
-                for call in report.calls:
-                    scenario.add_call(settlements=call.settlements, executions=call.executions)
-                scenario.add_transcript(report.transcript.outcomes == expected)
-                assert report.transcript.outcomes == expected, report.transcript
-                index += 1
-                if last:
-                    return
-
-        calls = asyncio.create_task(bystander())
         try:
-            for index, wire in enumerate(cases):
-                await fuzzer.send_case(wire, index)
-                scenario.cases += 1
-                if calls.done():
-                    break
-            done.set()
-            await asyncio.wait_for(calls, 60)
+            await fuzz_beside_calls(server, scenario, cases, fuzzer.send_case)
         finally:
-            done.set()
             await fuzzer.close()
-            await chat.close()
-            await page.close()
-            if not calls.done():
-                calls.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await calls
         scenario.iterations = len(cases)
         scenario.note(
             f"replies: {dict(fuzzer.replies)}; closes: "

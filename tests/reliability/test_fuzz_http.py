@@ -13,7 +13,6 @@ stuck); the other session's calls all complete with the right outputs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 from collections import Counter
@@ -28,7 +27,7 @@ from hypothesis.strategies import SearchStrategy
 
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
-from tests.reliability.harness import ChatPeer, Page, prompt_for, report_of
+from tests.reliability.harness import fuzz_beside_calls
 from tests.reliability.results import Scenario
 from tests.reliability.test_fuzz import fuzz_settings
 from tests.server.sse_client import OPENED, HttpResponse
@@ -161,45 +160,8 @@ async def test_live_server_survives_mutated_chat_bodies(
     cases += [b"", b" " * (limit + 1), json.dumps({"id": "c", "x": "a" * limit}).encode()]
     config = ServerConfig(port=0, log_level="warning", tool_timeout=5.0)
     async with running_server(config) as server:
-        page = await Page.open(server.ws_url("calm"))
-        chat = await ChatPeer.open(server.ws_url("calm"))
         fuzzer = HttpFuzzer(server)
-        done = asyncio.Event()
-
-        async def bystander() -> None:
-            index = 0
-            while True:
-                last = done.is_set()
-                numbers = [index * 2, index * 2 + 1]
-                tag = f"calm-{index}"
-                response = await chat.ask(prompt_for(tag, numbers))
-                report = report_of(response, page, tag)
-                expected = [("work", {"n": n, "sq": n * n}) for n in numbers]
-                for call in report.calls:
-                    scenario.add_call(settlements=call.settlements, executions=call.executions)
-                scenario.add_transcript(report.transcript.outcomes == expected)
-                assert report.transcript.outcomes == expected, report.transcript
-                index += 1
-                if last:
-                    return
-
-        calls = asyncio.create_task(bystander())
-        try:
-            for index, wire in enumerate(cases):
-                await fuzzer.send_case(wire, index)
-                scenario.cases += 1
-                if calls.done():
-                    break
-            done.set()
-            await asyncio.wait_for(calls, 60)
-        finally:
-            done.set()
-            await chat.close()
-            await page.close()
-            if not calls.done():
-                calls.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await calls
+        await fuzz_beside_calls(server, scenario, cases, fuzzer.send_case)
         stats = server.hub.stats()
     scenario.iterations = len(cases)
     scenario.note("statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(fuzzer.statuses.items())))
