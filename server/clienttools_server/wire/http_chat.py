@@ -67,6 +67,7 @@ from ..config import ServerConfig
 from ..hub import Hub
 from ..ledger import LeaseLost, LedgerUnavailable
 from .auth import access, authorize, route_of
+from .bodies import BodyTooLarge, bounded_body
 from .connection import MAX_SESSION_NAME, origin_allowed
 
 logger = logging.getLogger(__name__)
@@ -166,20 +167,10 @@ def parse_send(body: bytes, request_id: str) -> SendFrame:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or ChatRequestError 413 once it passes ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > 4 * limit:
-        raise ChatRequestError(413, f"the body is larger than {limit:,} bytes")
-    body = bytearray()
-    seen = 0
-    async for part in request.stream():
-        seen += len(part)
-        if seen <= limit:
-            body += part
-        elif seen > 4 * limit:
-            break  # stop reading: the connection is then reset, not drained forever
-    if seen > limit:
-        raise ChatRequestError(413, f"the body is larger than {limit:,} bytes")
-    return bytes(body)
+    try:
+        return await bounded_body(request, limit)
+    except BodyTooLarge as exc:
+        raise ChatRequestError(413, str(exc)) from None
 
 
 # -- admission --------------------------------------------------------------------------

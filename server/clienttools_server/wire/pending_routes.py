@@ -42,6 +42,7 @@ from ..calls.pending import (
 )
 from ..config import ServerConfig
 from .auth import Principal, access, authorize, route_of, unauthorized
+from .bodies import bounded_body
 
 logger = logging.getLogger(__name__)
 
@@ -144,18 +145,7 @@ async def get_execution(request: Request) -> Response:
 
 
 async def _read_json(request: Request, limit: int) -> Any:
-    body = bytearray()
-    seen = 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen <= limit:
-            body += chunk
-        elif seen > 4 * limit:
-            break  # stop reading: the connection is then reset, not drained forever
-    if seen > limit:
-        # Read to the end (up to 4 x the limit) so the client gets this answer
-        # instead of a reset connection.
-        raise ValueError(f"the body is larger than {limit:,} bytes")
+    body = await bounded_body(request, limit)  # BodyTooLarge is a ValueError too
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
