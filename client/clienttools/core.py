@@ -79,7 +79,7 @@ from clienttools.rules import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, NoReturn
 
 __all__ = [  # the events (events.py) and how a call ends (outcomes.py) are here too
     "CHAT_FRAME_TYPES",
@@ -491,14 +491,22 @@ class Session:
         self._finish(call, CallEvent.REJECT, error_result(request_id, "invalid_request", message))
 
     def _receive_invoke(self, raw: "dict[str, Any]", now: float) -> None:
-        request_id = _field(raw, "requestId", _is_request_id, _REQUEST_ID)
-        tool_call_id = _field(raw, "toolCallId", _is_str, "a valid string")
-        tool_name = _field(raw, "toolName", _is_str, "a valid string")
-        arguments = _field(raw, "input", lambda v: isinstance(v, dict), "a valid dictionary")
-        timeout_ms = _optional(raw, "timeoutMs", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-        attempt = raw.get("attempt", 1)
-        if not (_is_int(attempt) and attempt >= 1):
-            raise FrameRefused("attempt: Input should be an integer >= 1")
+        get = raw.get
+        request_id, tool_call_id, tool_name = get("requestId"), get("toolCallId"), get("toolName")
+        arguments, timeout_ms, attempt = get("input"), get("timeoutMs"), get("attempt", 1)
+        # The hot path of every invoke: one test for a well-formed frame (type() is exact,
+        # so a bool is no int); anything else goes through the field checks, which say why.
+        if not (
+            type(request_id) is str
+            and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS
+            and type(tool_call_id) is str
+            and type(tool_name) is str
+            and type(arguments) is dict
+            and (timeout_ms is None or (type(timeout_ms) is int and timeout_ms >= 0))
+            and type(attempt) is int
+            and attempt >= 1
+        ):
+            _check_invoke(raw)
         # An unacknowledged result counts even if the cache of acknowledged ones moved past it.
         stored = self._results.get(request_id) or self._outbox.get(request_id)
         if stored is not None:
@@ -712,15 +720,15 @@ class Session:
         self._outbox.put(request_id, result)
         while len(self._outbox) > self.completed_cache_size:
             dropped = self._outbox.pop_oldest()
-            if not self._outbox_overflowing:  # one line per burst, not one per drop
+            # One line per burst, none per drop: a console flood (or only formatting a
+            # line per result) halves pipelined throughput in the browser.
+            if not self._outbox_overflowing:
                 self._outbox_overflowing = True
                 log(
                     "warn",
                     f"outbox full ({self.completed_cache_size} unacknowledged results): dropping "
                     f"the oldest, starting with {dropped!r}, until acks make room",
                 )
-            else:
-                log("debug", f"outbox full: dropped the unacknowledged result of {dropped!r}")
         self._outbox_revision += 1
         self._outbox_added += 1
         if self.connected:
@@ -772,6 +780,19 @@ class Session:
                 self._put_in_outbox(request_id, frame_text)
                 restored += 1
         return restored
+
+
+def _check_invoke(raw: "dict[str, Any]") -> "NoReturn":
+    """Raise FrameRefused with what is wrong in an invoke (the hot path found something)."""
+    _field(raw, "requestId", _is_request_id, _REQUEST_ID)
+    _field(raw, "toolCallId", _is_str, "a valid string")
+    _field(raw, "toolName", _is_str, "a valid string")
+    _field(raw, "input", lambda v: isinstance(v, dict), "a valid dictionary")
+    _optional(raw, "timeoutMs", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    attempt = raw.get("attempt", 1)
+    if not (_is_int(attempt) and attempt >= 1):
+        raise FrameRefused("attempt: Input should be an integer >= 1")
+    raise FrameRefused("a field of an unexpected type")  # e.g. a str subclass: refused too
 
 
 # Frame type -> handler; a type not here is a chat frame (chat_frame) or unknown (logged).

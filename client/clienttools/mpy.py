@@ -109,6 +109,8 @@ _OPEN = 1
 
 def _log(level: str, message: str) -> None:
     # MicroPython's logging is a stub without handlers; the console is where a page logs.
+    if level == "debug":
+        return  # a page's console is no place for these, and each line costs time
     try:
         import js
 

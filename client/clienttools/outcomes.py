@@ -53,7 +53,9 @@ def returned_outcome(
     except Exception as exc:  # InvalidOutput, NaN, app serializers raising anything: C5
         message = f"the return value of {tool_name!r} is not usable: {exc}"
         return None, ("invalid_output", message, None)
-    size = utf8_size(output_json)
+    size = len(output_json)  # characters: a lower bound of the UTF-8 size
+    if size * 4 > max_result_bytes:  # else even 4 bytes a character fit
+        size = utf8_size(output_json)
     if size > max_result_bytes:
         return None, ("output_too_large", too_large_message(size, max_result_bytes), {"size": size})
     return output_json, None
