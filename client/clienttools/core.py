@@ -37,6 +37,7 @@ list raises `LocalProtocolError`, because only a misused API can cause it.
 
 import json
 import math
+from collections import OrderedDict
 
 from clienttools.events import (
     CancelTool,
@@ -78,7 +79,7 @@ from clienttools.rules import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, NoReturn
 
 __all__ = [  # the events (events.py) and how a call ends (outcomes.py) are here too
@@ -205,7 +206,7 @@ class ToolCall:
         return self.state
 
 
-class _Recent:
+class _ScanFreeRecent:
     """requestId -> result text, oldest first, with O(1) lookups on MicroPython too.
 
     MicroPython's plain dicts keep no order, and its OrderedDict is a linear array
@@ -266,6 +267,47 @@ class _Recent:
         if len(self._order) - self._head > 2 * len(self._items) + 64:
             self._order = [(self._items[key][0], key) for key, _ in self.items()]
             self._head = 0
+
+
+class _OrderedRecent:
+    """`_ScanFreeRecent` on CPython and Pyodide: an OrderedDict, whose order is kept in C.
+
+    Its `items()` is a view, not a list made by a Python loop: the outbox is written
+    (exported) after every burst of results, so that loop was the pipelined hot path.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def get(self, key: str) -> "str | None":
+        return self._items.get(key)
+
+    def put(self, key: str, value: str) -> None:
+        """Insert, or replace and move to the end."""
+        items = self._items
+        items[key] = value
+        items.move_to_end(key)
+
+    def pop(self, key: str) -> "str | None":
+        return self._items.pop(key, None)
+
+    def pop_oldest(self) -> str:
+        return self._items.popitem(last=False)[0]
+
+    def items(self) -> "Iterable[tuple[str, str]]":
+        return self._items.items()
+
+
+# MicroPython's OrderedDict has no move_to_end (and scans on every lookup).
+_Recent = _OrderedRecent if hasattr(OrderedDict, "move_to_end") else _ScanFreeRecent
 
 
 class Session:
