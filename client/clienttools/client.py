@@ -45,21 +45,19 @@ tools again and re-sends every result the server has not acknowledged (C11).
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import sys
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, cast, overload
 
 from clienttools import protocol
 from clienttools.connection import Connection
-from clienttools.observers import Observers
 from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
-from clienttools.rules import CLOSE_CODE_SILENT, LocalProtocolError
+from clienttools.rules import CLOSE_CODE_SILENT
 from clienttools.session import (
     DEFAULT_PING_INTERVAL,
     CancelTool,
@@ -69,7 +67,16 @@ from clienttools.session import (
     RunTool,
     Session,
     ToolsAcknowledged,
-    backoff,
+)
+from clienttools.supervisor import (
+    CLIENT_TRANSITIONS,
+    ClientEvent,
+    ClientStatus,
+    check_connect,
+    check_options,
+    registration_error,
+    supervise,
+    warn_rejected,
 )
 from clienttools.tools import ToolRegistry
 from clienttools.transport import (
@@ -80,8 +87,6 @@ from clienttools.transport import (
     OutboxStore,
     RegistrationTimeout,
     Socket,
-    ToolsRejected,
-    redact_token,
 )
 
 if TYPE_CHECKING:
@@ -105,25 +110,6 @@ __all__ = [
     "ToolClient",
     "current_platform",
 ]
-
-
-class ClientEvent(enum.Enum):
-    CONNECT = "connect"  # connect() was called
-    OPENED = "opened"  # a socket opened and the server acknowledged the tools
-    LOST = "lost"  # the open connection ended unexpectedly; reconnecting
-    CLOSED = "closed"  # closed for good: close(), a failed connect(), or reconnect off
-
-
-#: The client status as a table: `CLIENT_TRANSITIONS[status][event]` is the next
-#: status; a missing entry raises `LocalProtocolError`. Closing is always possible
-#: (and closing twice harmless); nothing but connect() leaves "closed".
-CLIENT_TRANSITIONS: Final[Mapping[ConnectionStatus, Mapping[ClientEvent, ConnectionStatus]]] = {
-    "idle": {ClientEvent.CONNECT: "connecting", ClientEvent.CLOSED: "closed"},
-    "connecting": {ClientEvent.OPENED: "open", ClientEvent.CLOSED: "closed"},
-    "open": {ClientEvent.LOST: "reconnecting", ClientEvent.CLOSED: "closed"},
-    "reconnecting": {ClientEvent.OPENED: "open", ClientEvent.CLOSED: "closed"},
-    "closed": {ClientEvent.CONNECT: "connecting", ClientEvent.CLOSED: "closed"},
-}
 
 
 @dataclass(frozen=True)
@@ -158,7 +144,8 @@ NATIVE: Final = Platform(connector=_native_connector, outbox_store=lambda url: M
 def _worker_outbox(url: str) -> OutboxStore:
     import js
 
-    from clienttools.worker import StorageOutbox, outbox_storage
+    from clienttools.outbox import StorageOutbox
+    from clienttools.worker import outbox_storage
 
     return StorageOutbox(url, outbox_storage(js))
 
@@ -284,7 +271,7 @@ class ToolRuns:
         self._on_input()
 
 
-class ToolClient:
+class ToolClient(ClientStatus):
     """Hosts Python tools for a server-side agent over one WebSocket (protocol v1).
 
     Arguments:
@@ -326,11 +313,7 @@ class ToolClient:
         webmcp: bool = False,
         webmcp_approval: bool = False,
     ) -> None:
-        if connect_timeout <= 0:
-            raise ValueError("connect_timeout must be positive")
-        if url is None and not webmcp:
-            raise ValueError("a ToolClient needs the server's url (or webmcp=True, and no server)")
-        self.url = url or ""
+        self.url = check_options(url, connect_timeout, webmcp)
         self._open_url = _with_token(self.url, token)
         self._connector = connector
         self._outbox_store = outbox_store
@@ -347,9 +330,7 @@ class ToolClient:
         )
         self._chat_id = chat_id  # by default the URL's session, found when the chat is made
         self._chat: Chat | None = None
-        self._status: ConnectionStatus = "idle"
-        self._status_observers: Observers[[ConnectionStatus]] = Observers("status")
-        self._closed_event: asyncio.Event | None = None
+        super().__init__()
         self._closing = False
         self._outbox: OutboxWriter | None = None
         self._connection: Connection | None = None
@@ -443,32 +424,7 @@ class ToolClient:
     @property
     def status(self) -> ConnectionStatus:
         """idle -> connecting -> open (-> reconnecting -> open ...) -> closed."""
-        return self._status
-
-    @property
-    def connected(self) -> bool:
-        """True while a connection is open and its tools were acknowledged."""
-        return self._status == "open"
-
-    def on_status(self, callback: StatusCallback) -> Callable[[], None]:
-        """Call `callback(status)` on every status change; returns an unsubscribe function.
-
-        A callback that raises is logged; the connection and the other callbacks go on.
-        """
-        return self._status_observers.subscribe(callback)
-
-    def _step(self, event: ClientEvent) -> None:
-        """Move the status by `CLIENT_TRANSITIONS`; tell the observers when it changed."""
-        status = CLIENT_TRANSITIONS[self._status].get(event)
-        if status is None:
-            raise LocalProtocolError(f"a client that is {self._status} cannot be {event.value}")
-        if status == self._status:
-            return
-        self._status = status
-        logger.info("%s: %s", redact_token(self.url), status)
-        if status == "closed" and self._closed_event is not None:
-            self._closed_event.set()
-        self._status_observers.notify(status)
+        return cast("ConnectionStatus", self._status)
 
     # --- connect and close -------------------------------------------------------------
 
@@ -481,22 +437,14 @@ class ToolClient:
         `ToolsRejected`. The first attempt is not retried; after it succeeds,
         the client reconnects by itself.
         """
-        if self._status in ("connecting", "open", "reconnecting"):
-            raise RuntimeError(f"ToolClient.connect() called while {self._status}")
-        if not self.url:
-            raise RuntimeError("this ToolClient has no url: it serves document.modelContext only")
+        check_connect(self._status, self.url)
         self._closing = False
         self._closed_event = asyncio.Event()
         self._outbox_writer().restore()
         self._unsubscribe_registry = self._registry.on_change(self._registry_changed)
-        self._step(ClientEvent.CONNECT)
-        try:
-            await self._open(first=True)
-        except BaseException:
-            await self._stop()
-            raise
+        await self._connect_first()
         self._supervisor = asyncio.get_running_loop().create_task(
-            self._supervise(), name="clienttools supervisor"
+            supervise(self), name="clienttools supervisor"
         )
 
     async def close(self) -> None:
@@ -511,12 +459,6 @@ class ToolClient:
         if self._status in ("idle", "closed"):
             return
         await self._stop()
-
-    async def wait_closed(self) -> None:
-        """Wait until the client is closed (by close(), or after a close with reconnect off)."""
-        if self._status in ("idle", "closed") or self._closed_event is None:
-            return
-        await self._closed_event.wait()
 
     async def __aenter__(self) -> ToolClient:
         await self.connect()
@@ -577,15 +519,10 @@ class ToolClient:
         except BaseException:
             await self._detach(connection)
             raise
-        if isinstance(outcome, str):
+        error = registration_error(self._open_url, outcome, first)
+        if error is not None:
             await self._detach(connection)
-            raise ConnectionFailed(self._open_url, outcome)
-        if outcome.rejected:
-            if first:
-                await self._detach(connection)
-                raise ToolsRejected(self._open_url, outcome.rejected)
-            for rejected in outcome.rejected:
-                logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
+            raise error
         self._step(ClientEvent.OPENED)
         if self._chat is not None:
             self._spawn(self._chat.connection_restored(), "chat subscribe and resume")
@@ -612,28 +549,15 @@ class ToolClient:
         self._spawn(connection.close_socket(), "socket close")
         self._pump()
 
-    async def _supervise(self) -> None:
-        """Watch the open connection; after an unexpected end, reconnect with backoff (C11)."""
-        while True:
-            connection = self._connection
-            if connection is None:
-                return
-            await connection.ended.wait()
-            await self._detach(connection)
-            if self._closing:
-                return
-            if not self.reconnect:
-                logger.warning("connection lost; reconnect is off, so the client closes")
-                self._spawn(self._stop(), "close")
-                return
-            self._step(ClientEvent.LOST)
-            for delay in backoff():
-                await asyncio.sleep(delay)
-                try:
-                    await self._open(first=False)
-                    break
-                except ConnectError as exc:
-                    logger.info("reconnect failed: %s", exc)
+    # What supervisor.supervise (C11's reconnect loop, shared with mpy.py) asks of us:
+
+    async def _connection_over(self, connection: Connection) -> None:
+        await connection.ended.wait()
+        await self._detach(connection)
+
+    async def _close_after_loss(self) -> None:
+        # Not awaited here: _stop() waits for the supervisor, which is the caller.
+        self._spawn(self._stop(), "close")
 
     async def _stop(self) -> None:
         """Close for good: supervisor, connection, tool runs, timer, background tasks."""
@@ -713,8 +637,7 @@ class ToolClient:
         elif isinstance(event, ToolsAcknowledged):
             connection = self._connection
             if connection is None or not connection.acknowledged(event):
-                for rejected in event.rejected:
-                    logger.warning("server rejected tool %r: %s", rejected.name, rejected.reason)
+                warn_rejected(event.rejected)
         elif isinstance(event, ChatFrameReceived):
             if self._chat is None:
                 return  # no chat was ever started here: nothing waits for these frames
@@ -744,14 +667,12 @@ class ToolClient:
 
 def _mirror(registry: ToolRegistry, max_result_bytes: int, approval: bool) -> ModelContextMirror:
     """The registry's tools on document.modelContext, kept in step with the registry."""
-    from clienttools.webmcp import ModelContextMirror, registry_runner
+    from clienttools.webmcp import ModelContextMirror, tool_runner
 
     def specs() -> list[tuple[dict[str, Any], bool]]:
         return [(tool.wire_spec, tool.read_only) for tool in registry]
 
-    mirror = ModelContextMirror(
-        specs, registry_runner(registry, max_result_bytes), approval=approval
-    )
+    mirror = ModelContextMirror(specs, tool_runner(registry, max_result_bytes), approval=approval)
     registry.on_change(mirror.sync)
     return mirror
 

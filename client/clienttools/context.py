@@ -1,4 +1,4 @@
-"""What a running tool sees and raises, in both flavours: `ToolContext` and `ToolError`.
+"""What a running tool sees and raises, in both flavours: ToolContext, ToolError, InvalidInput.
 
 Pure Python that runs on CPython, Pyodide and MicroPython 1.27 (no pydantic,
 `typing` or `from __future__`; see rules.py), so the Pyodide client (tools.py
@@ -79,6 +79,30 @@ class ToolError(Exception):
         super().__init__(message)
         self.message = message
         self.data = data
+
+
+class InvalidInput(Exception):
+    """The input failed the tool's schema (code `invalid_input`); the tool did not run.
+
+    `errors` are pydantic's errors (or input_schema.py's, in pydantic's words) without
+    documentation URLs, JSON-safe, with `loc` naming parameters as the tool knows them.
+    """
+
+    def __init__(self, message: str, errors: "list[dict[str, JsonValue]]") -> None:
+        super().__init__(message)
+        self.message = message
+        self.errors = errors
+
+
+class InvalidOutput(Exception):
+    """The return value could not be serialized or failed the tool's output schema.
+
+    Code `invalid_output`; `str()` names the offending type or the schema failure.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class ToolContext:

@@ -1,15 +1,21 @@
 """The MicroPython flavour of the client: `<script type="mpy">` pages whose tools are ready at once.
 
-Why this is a module of its own: the Pyodide client (protocol.py, tools.py,
-session.py, client.py, browser.py) is built on pydantic models, schemas made
-from annotations, `typing`, `dataclasses`, `enum` and CPython's asyncio
-(`call_at`, `add_done_callback`, futures), none of which MicroPython 1.27 has
-(it keeps no annotations or docstrings either). This module is the same client
-rules, C1-C13, over plain dicts, on MicroPython's asyncio and `js`. Everything
-that runs on both is imported, not copied: rules.py (limits, codes, the call
-lifecycle table, backoff, messages), context.py (ToolContext, ToolError) and
-input_schema.py (the input validator with pydantic's messages). The chat
-client (C14) stays Pyodide-only.
+The protocol rules (C1-C13) are not here: `Session` is the shared core
+(core.py), which both flavours run. What this module keeps is only what
+MicroPython's asyncio and `js` need, and why:
+
+- `Tool`: MicroPython keeps no annotations or docstrings and has no pydantic, so
+  a tool declares its JSON schemas (checked by input_schema.py) and description,
+  where tools.py builds them from the signature;
+- `ToolClient`: the adapter on `js.WebSocket`, `setTimeout` and `sessionStorage`.
+  MicroPython's asyncio has no `call_at`, no done callbacks, no futures, and
+  `asyncio.wait_for` fails under the page's top-level await, so the Pyodide
+  adapter (client.py, connection.py, browser.py) cannot run here.
+
+Everything else is imported, not copied: core.py (the session, its events, how a
+call ends), rules.py (limits, codes, the call lifecycle, backoff, messages),
+context.py (ToolContext, ToolError), errors.py (ConnectError and its kinds) and
+input_schema.py. The chat client (C14) stays Pyodide-only.
 
     from clienttools.mpy import ToolClient, ToolError
 
@@ -45,54 +51,43 @@ code does instead: no `typing`, `__future__`, `dataclasses`, `enum`, `uuid`
 (plain classes, tuples, `crypto.randomUUID()`); no docstrings or annotations kept
 (declared schemas and descriptions); `[*a, b]` and `{**d}` do not parse
 (concatenation); `re` has no `{m,n}` (rules.is_tool_name); plain dicts keep no
-order and OrderedDict scans linearly (`_Recent`); no builtin `TimeoutError`; bool
+order and OrderedDict scans linearly (core's `_Recent`); no builtin `TimeoutError`; bool
 is not an int; `json.dumps` writes NaN as `nan` and has no `allow_nan`
 (context.json_problem); asyncio tasks have no done callbacks (each run reports its
 own end) and `asyncio.wait_for` fails under the page's top-level await (a
 `setTimeout` instead).
 
-`Session` is the sans-I/O core (frames and the time in; frames and events out)
-and runs on CPython too (tests/unit/test_mpy_session.py); `ToolClient` is the
-adapter on `js.WebSocket`, `setTimeout` and `sessionStorage`.
+The core runs on CPython too (tests/unit/test_core.py runs its cases on both
+interpreters; tests/unit/test_mpy_session.py compares these tools with tools.py's).
 """
 
 import asyncio
-import json
+import sys
 from collections import OrderedDict
 
-from clienttools.context import ToolContext, ToolError, json_problem
-from clienttools.input_schema import compile_schema, is_number
-from clienttools.rules import (
-    ACK_OUTCOMES,
-    CANCEL_REASONS,
-    CLOSE_CODE_SILENT,
-    COMPLETED_CACHE_SIZE,
-    DEFAULT_PING_INTERVAL,
-    LIVENESS_FACTOR,
-    MAX_ERROR_MESSAGE_CHARS,
-    MAX_FRAME_BYTES,
-    MAX_REQUEST_ID_CHARS,
-    MAX_RESULT_BYTES,
-    OUTBOX_FORMAT_VERSION,
-    PROTOCOL_VERSION,
-    TOOL_NAME_PATTERN,
-    CallEvent,
-    CallState,
-    backoff,
-    cut_message,
-    drop_missing_inputs,
-    effective_timeout,
-    invalid_input_message,
-    is_tool_name,
-    next_call_state,
-    timeout_message,
-    too_large_message,
-    unknown_tool_message,
+from clienttools import portable, rules, supervisor
+from clienttools.context import InvalidInput, InvalidOutput, ToolContext, ToolError, json_problem
+from clienttools.core import (
+    CancelTool,
+    ChatFrameReceived,
+    ReplaceConnection,
+    RunTool,
+    Session,
+    ToolsAcknowledged,
 )
+from clienttools.errors import (
+    ConnectError,
+    ConnectionFailed,
+    RegistrationTimeout,
+    ToolsRejected,
+)
+from clienttools.input_schema import compile_schema, is_number
+from clienttools.outbox import OutboxWriter, StorageOutbox
+from clienttools.supervisor import ClientEvent, ClientStatus
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 __all__ = [
@@ -104,17 +99,18 @@ __all__ = [
     "ToolClient",
     "ToolContext",
     "ToolError",
+    "ToolTable",
     "ToolsRejected",
 ]
 
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
-#: Chat frames (C14) have no client here; they are dropped without a warning.
-_CHAT_TYPES = ("start", "chunk", "end", "error", "no-active", "cf_agent_chat_messages")
 _OPEN = 1
 
 
 def _log(level: str, message: str) -> None:
     # MicroPython's logging is a stub without handlers; the console is where a page logs.
+    if level == "debug":
+        return  # a page's console is no place for these, and each line costs time
     try:
         import js
 
@@ -123,16 +119,8 @@ def _log(level: str, message: str) -> None:
         pass
 
 
-def _dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _utf8_size(text: str) -> int:
-    return len(text.encode("utf-8"))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+if sys.implementation.name == "micropython":  # on CPython the core logs through `logging`
+    portable.log_to(_log)
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -155,8 +143,8 @@ class Tool:
         read_only: bool = False,
     ) -> None:
         name = name or str(getattr(function, "__name__", ""))
-        if not is_tool_name(name):
-            raise ValueError(f"tool name {name!r} must match {TOOL_NAME_PATTERN}")
+        if not rules.is_tool_name(name):
+            raise ValueError(f"tool name {name!r} must match {rules.TOOL_NAME_PATTERN}")
         schema = _EMPTY_SCHEMA if schema is None else schema
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise TypeError(f'the schema of tool {name!r} must be a dict with "type": "object"')
@@ -201,31 +189,39 @@ class Tool:
             return self.function(ctx=context, **arguments)
         return self.function(**arguments)
 
+    @property
+    def wire_spec(self) -> "dict[str, Any]":
+        """The ToolSpec of the tools frame."""
+        return self.spec()
+
+    def validate_input(self, arguments: "dict[str, Any]") -> "dict[str, Any]":
+        """C2: the arguments, when they pass the schema; else raises InvalidInput."""
+        errors = self.check_input(arguments)
+        if errors:
+            rules.drop_missing_inputs(errors)
+            raise InvalidInput(rules.invalid_input_message(self.name, errors), errors)
+        return arguments
+
+    def dump_output_json(self, value: object) -> str:
+        """C5: the value as JSON text, checked against the output schema; else InvalidOutput."""
+        problem = json_problem(value)
+        if problem is None and self.check_output is not None:
+            errors = self.check_output(value)
+            if errors:
+                where = "; ".join(_where(e) for e in errors[:3])
+                problem = f"a value that does not match its output schema: {where}"
+        if problem is None:
+            return portable.dumps(value)
+        js_value = _describe_js(value)
+        if js_value is not None:
+            raise InvalidOutput(
+                f"tool {self.name!r} returned {js_value}, which cannot be serialized to JSON; "
+                "copy out the fields you need"
+            )
+        raise InvalidOutput(f"tool {self.name!r} returned {problem}")
+
     def __repr__(self) -> str:
         return f"<Tool {self.name!r}>"
-
-
-class _Bad(Exception):
-    """A frame field that is missing or of the wrong type."""
-
-
-def _field(raw: "dict[str, Any]", key: str, check: "Callable[[Any], bool]", what: str) -> "Any":
-    if key not in raw:
-        raise _Bad(f"{key}: Field required")
-    value = raw[key]
-    if not check(value):
-        raise _Bad(f"{key}: Input should be {what}")
-    return value
-
-
-def _optional(raw: "dict[str, Any]", key: str, check: "Callable[[Any], bool]", what: str) -> "Any":
-    if raw.get(key) is None:
-        return None
-    return _field(raw, key, check, what)
-
-
-def _is_request_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_REQUEST_ID_CHARS
 
 
 def _describe_js(value: object) -> "str | None":
@@ -243,600 +239,37 @@ def _where(error: "dict[str, Any]") -> str:
     return place + ": " + str(error["msg"])
 
 
-def _error_result(request_id: str, code: str, message: str, data: object = None) -> str:
-    error: dict[str, Any] = {"code": code, "message": cut_message(message)}
-    if data is not None and json_problem(data) is None:
-        error["data"] = data
-    text = _dumps({"type": "cf_agent_client_tool_result", "requestId": request_id, "error": error})
-    if len(text) > MAX_RESULT_BYTES // 4 and _utf8_size(text) > MAX_RESULT_BYTES:
-        error.pop("data", None)
-        error["message"] = error["message"] + " (error data too large)"
-        text = _dumps(
-            {"type": "cf_agent_client_tool_result", "requestId": request_id, "error": error}
-        )
-    return text
-
-
-# --- how a call ends: shared by the session and by calls through document.modelContext -----
-
-
-def input_error(tool: "Tool", arguments: object) -> "tuple[str, str, Any] | None":
-    """C2: None when `arguments` pass the tool's schema, else (code, message, data)."""
-    errors = tool.check_input(arguments)
-    if not errors:
-        return None
-    drop_missing_inputs(errors)
-    return "invalid_input", invalid_input_message(tool.name, errors), errors
-
-
-def returned_outcome(
-    tool: "Tool | None", name: str, value: object, max_result_bytes: int
-) -> "tuple[str | None, tuple[str, str, Any] | None]":
-    """C5: (the value's JSON text, None), or (None, (code, message, data)) when unusable."""
-    problem = json_problem(value)
-    if problem is None and tool is not None and tool.check_output is not None:
-        errors = tool.check_output(value)
-        if errors:
-            where = "; ".join(_where(e) for e in errors[:3])
-            problem = f"a value that does not match its output schema: {where}"
-    if problem is not None:
-        js_value = _describe_js(value)
-        if js_value is not None:
-            detail = (
-                f"tool {name!r} returned {js_value}, which cannot be serialized to JSON; "
-                "copy out the fields you need"
-            )
-        else:
-            detail = f"tool {name!r} returned {problem}"
-        return None, (
-            "invalid_output",
-            f"the return value of {name!r} is not usable: {detail}",
-            None,
-        )
-    output = _dumps(value)
-    size = len(output)  # characters: a lower bound of the UTF-8 size
-    if size * 4 > max_result_bytes:  # else even 4 bytes a character fit
-        size = _utf8_size(output)
-    if size > max_result_bytes:
-        return None, ("output_too_large", too_large_message(size, max_result_bytes), {"size": size})
-    return output, None
-
-
-def raised_error(exc: BaseException) -> "tuple[str, Any]":
-    """C6: the `tool_error` message and data of an exception; a ToolError brings its own."""
-    if isinstance(exc, ToolError):
-        return exc.message, exc.data
-    return str(exc) or type(exc).__name__, {"exception": type(exc).__name__}
-
-
-# --- the sans-I/O core ---------------------------------------------------------------------
-
-
-class _Call:
-    """One invoke from arrival until its run has ended."""
-
-    __slots__ = (
-        "attempt",
-        "deadline",
-        "request_id",
-        "state",
-        "tool_call_id",
-        "tool_name",
-    )
-
-    def __init__(self, request_id: str, tool_call_id: str, attempt: int) -> None:
-        self.request_id = request_id
-        self.tool_call_id = tool_call_id
-        self.attempt = attempt
-        self.state = CallState.RECEIVED
-        self.deadline: float | None = None
-        self.tool_name = ""
-
-    def step(self, event: "CallEvent") -> "CallState":
-        self.state = next_call_state(self.state, event)
-        return self.state
-
-
-class _Recent:
-    """requestId -> result text, oldest first, with O(1) lookups on MicroPython too.
-
-    MicroPython's plain dicts keep no order, and its OrderedDict is a linear array
-    (a lookup scans it): with C7's 1,000 remembered results that made every invoke
-    cost milliseconds. So: a dict for lookups and a list of (seq, key) for the order;
-    an entry moved to the end is appended again, and stale list entries are skipped
-    and compacted away.
-    """
+class ToolTable:
+    """The registered tools, in registration order: what the core asks of a registry."""
 
     def __init__(self) -> None:
-        self._items: dict[str, tuple[int, str]] = {}
-        self._order: list[tuple[int, str]] = []
-        self._head = 0
-        self._seq = 0
+        self._tools: dict[str, Tool] = OrderedDict()
+
+    def get(self, name: str) -> "Tool | None":
+        return self._tools.get(name)
+
+    def wire_specs(self) -> "list[dict[str, Any]]":
+        return [tool.spec() for tool in self._tools.values()]
+
+    def add(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def remove(self, name: str) -> None:
+        del self._tools[name]
+
+    def as_dict(self) -> "dict[str, Tool]":
+        return OrderedDict(self._tools)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> "Iterator[Tool]":
+        return iter(list(self._tools.values()))
 
     def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._items
-
-    def get(self, key: str) -> "str | None":
-        entry = self._items.get(key)
-        return None if entry is None else entry[1]
-
-    def put(self, key: str, value: str) -> None:
-        """Insert, or replace and move to the end."""
-        self._seq += 1
-        self._items[key] = (self._seq, value)
-        self._order.append((self._seq, key))
-        self._compact()
-
-    def pop(self, key: str) -> "str | None":
-        entry = self._items.pop(key, None)
-        if entry is None:
-            return None
-        self._compact()
-        return entry[1]
-
-    def pop_oldest(self) -> str:
-        while True:
-            seq, key = self._order[self._head]
-            self._head += 1
-            entry = self._items.get(key)
-            if entry is not None and entry[0] == seq:
-                del self._items[key]
-                return key
-
-    def items(self) -> "list[tuple[str, str]]":
-        live = []
-        for seq, key in self._order[self._head :]:
-            entry = self._items.get(key)
-            if entry is not None and entry[0] == seq:
-                live.append((key, entry[1]))
-        return live
-
-    def _compact(self) -> None:
-        if len(self._order) - self._head > 2 * len(self._items) + 64:
-            self._order = [(self._items[key][0], key) for key, _ in self.items()]
-            self._head = 0
-
-
-class Session:
-    """C1-C13 for one page, as session.Session does them, over plain dicts.
-
-    Inputs: connection_opened/connection_lost, receive_frame, tick, tool_returned/
-    tool_raised/tool_cancelled, report_progress, registry_changed, shutdown.
-    Outputs: frames_to_send(), events() (tuples: ("run", request_id, tool, arguments,
-    attempt, tool_call_id), ("cancel", request_id, reason), ("acked", accepted,
-    rejected), ("replace", reason)), next_deadline(), export_outbox().
-    """
-
-    def __init__(
-        self,
-        tools: "dict[str, Tool]",
-        *,
-        client_id: str,
-        ping_interval: float = DEFAULT_PING_INTERVAL,
-        max_result_bytes: int = MAX_RESULT_BYTES,
-        max_frame_bytes: int = MAX_FRAME_BYTES,
-        completed_cache_size: int = COMPLETED_CACHE_SIZE,
-    ) -> None:
-        if ping_interval <= 0:
-            raise ValueError("ping_interval must be positive")
-        self.tools = tools
-        self.client_id = client_id
-        self.ping_interval = ping_interval
-        self.max_result_bytes = max_result_bytes
-        self.max_frame_bytes = max_frame_bytes
-        self.completed_cache_size = completed_cache_size
-        self.connected = False
-        self.outbox_revision = 0
-        self.outbox_added = 0  # results put in the outbox, ever: a write is due when it moves
-        self._last_received = 0.0
-        self._replace_requested = False
-        self._calls: dict[str, _Call] = {}
-        self._results = _Recent()  # C7's memory of completed requests
-        self._outbox = _Recent()  # results until cf_agent_client_tool_result_ack (C11)
-        self._outbox_overflowing = False
-        self._to_send: list[str] = []
-        self._events: list[tuple[Any, ...]] = []
-
-    # --- outputs -------------------------------------------------------------------------
-
-    def frames_to_send(self) -> "list[str]":
-        frames, self._to_send = self._to_send, []
-        return frames
-
-    def events(self) -> "list[tuple[Any, ...]]":
-        events, self._events = self._events, []
-        return events
-
-    def next_deadline(self) -> "float | None":
-        if not self._calls:  # the common case between invokes: only the liveness limit
-            if self.connected and not self._replace_requested:
-                return self._last_received + LIVENESS_FACTOR * self.ping_interval
-            return None
-        deadlines = [c.deadline for c in self._calls.values() if c.deadline is not None]
-        if self.connected and not self._replace_requested:
-            deadlines.append(self._last_received + LIVENESS_FACTOR * self.ping_interval)
-        return min(deadlines) if deadlines else None
-
-    def outbox(self) -> "dict[str, str]":
-        """Unacknowledged results: requestId -> result frame text (a copy, oldest first)."""
-        return OrderedDict(self._outbox.items())
-
-    def call_state(self, request_id: str) -> "CallState | None":
-        call = self._calls.get(request_id)
-        return call.state if call else None
-
-    # --- connection ----------------------------------------------------------------------
-
-    def connection_opened(self, now: float) -> None:
-        """C1: the tools frame first; then every unacknowledged result (C11)."""
-        self.connected = True
-        self._replace_requested = False
-        self._last_received = now
-        self._to_send = [self._tools_frame()]
-        self._to_send.extend(text for _, text in self._outbox.items())
-
-    def connection_lost(self, now: float) -> None:
-        self.connected = False
-        self._to_send = []
-
-    def registry_changed(self) -> None:
-        if self.connected:
-            self._to_send.append(self._tools_frame())
-
-    def _tools_frame(self) -> str:
-        return _dumps(
-            {
-                "type": "cf_agent_client_tools",
-                "protocol": PROTOCOL_VERSION,
-                "clientId": self.client_id,
-                "tools": [tool.spec() for tool in self.tools.values()],
-            }
-        )
-
-    # --- frames in (C13: nothing raises) -------------------------------------------------
-
-    def receive_frame(self, data: object, now: float) -> None:
-        self._last_received = now
-        if not isinstance(data, str):
-            _log("warn", "ignored a binary frame: the protocol is JSON text")
-            return
-        if len(data) * 4 > self.max_frame_bytes and _utf8_size(data) > self.max_frame_bytes:
-            _log("warn", f"ignored a frame over the {self.max_frame_bytes}-byte limit")
-            return
-        try:
-            raw = json.loads(data)
-        except Exception as exc:  # ValueError; MicroPython may raise others on odd input
-            _log("warn", f"ignored a frame that is not valid JSON: {exc}")
-            return
-        if not isinstance(raw, dict):
-            _log("warn", f"ignored a frame that is not a JSON object ({type(raw).__name__})")
-            return
-        request_id = raw.get("requestId")
-        request_id = request_id if isinstance(request_id, str) and request_id else None
-        kind = raw.get("type")
-        if not isinstance(kind, str):
-            _log("warn", "ignored a frame with no string 'type'")
-            return
-        handler = _HANDLERS.get(kind)
-        if handler is None:
-            if kind not in _CHAT_TYPES:
-                _log("warn", f"ignored a frame of unknown type {kind[:64]!r}")
-            return
-        try:
-            handler(self, raw, now)
-        except _Bad as exc:
-            message = f"invalid {kind!r} frame: {exc}"
-            _log("warn", f"ignored a frame from the server: {message[:500]}")
-            if kind == "cf_agent_client_tool_invoke" and request_id is not None:
-                self._refuse_invoke(request_id, message)
-
-    def _refuse_invoke(self, request_id: str, message: str) -> None:
-        if len(request_id) > MAX_REQUEST_ID_CHARS:
-            _log("warn", "cannot answer the malformed invoke: its requestId is too long")
-            return
-        if request_id in self._calls or request_id in self._results:
-            return  # C7 wins: that request already has a run or a result
-        call = _Call(request_id, "", 1)
-        self._finish(call, CallEvent.REJECT, _error_result(request_id, "invalid_request", message))
-
-    def _receive_invoke(self, raw: "dict[str, Any]", now: float) -> None:
-        request_id = _field(raw, "requestId", _is_request_id, "a string of 1 to 256 characters")
-        tool_call_id = _field(raw, "toolCallId", lambda v: isinstance(v, str), "a valid string")
-        tool_name = _field(raw, "toolName", lambda v: isinstance(v, str), "a valid string")
-        arguments = _field(raw, "input", lambda v: isinstance(v, dict), "a valid dictionary")
-        timeout_ms = _optional(raw, "timeoutMs", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-        attempt = raw.get("attempt", 1)
-        if not (_is_int(attempt) and attempt >= 1):
-            raise _Bad("attempt: Input should be an integer >= 1")
-        stored = self._results.get(request_id) or self._outbox.get(request_id)
-        if stored is not None:
-            # C7: answered before; the same result again, without running the tool.
-            if request_id in self._results:
-                self._results.put(request_id, stored)
-            self._put_in_outbox(request_id, stored)
-            return
-        if request_id in self._calls:
-            return  # C7: running; a re-delivery is ignored
-        call = _Call(request_id, tool_call_id, attempt)
-        call.tool_name = tool_name
-        tool = self.tools.get(tool_name)
-        if tool is None:
-            result = _error_result(request_id, "unknown_tool", unknown_tool_message(tool_name))
-            self._finish(call, CallEvent.REJECT, result)
-            return
-        error = input_error(tool, arguments)
-        if error is not None:
-            self._finish(call, CallEvent.REJECT, _error_result(request_id, *error))
-            return
-        call.step(CallEvent.ACCEPT)
-        timeout = effective_timeout(timeout_ms, tool.timeout)
-        call.deadline = None if timeout is None else now + timeout
-        self._calls[request_id] = call
-        self._events.append(("run", request_id, tool, arguments, attempt, tool_call_id))
-
-    def _receive_cancel(self, raw: "dict[str, Any]", now: float) -> None:
-        request_id = _field(raw, "requestId", _is_request_id, "a string of 1 to 256 characters")
-        reason = _field(raw, "reason", lambda v: v in CANCEL_REASONS, " or ".join(CANCEL_REASONS))
-        call = self._calls.get(request_id)
-        if call is None:
-            return  # C8: unknown or finished
-        before = call.state
-        if call.step(CallEvent.CANCEL) is CallState.CANCELLED and before is CallState.RUNNING:
-            call.deadline = None
-            self._events.append(("cancel", request_id, reason))
-
-    def _receive_result_ack(self, raw: "dict[str, Any]", now: float) -> None:
-        request_id = _field(raw, "requestId", _is_request_id, "a string of 1 to 256 characters")
-        outcome = _field(raw, "outcome", lambda v: v in ACK_OUTCOMES, " or ".join(ACK_OUTCOMES))
-        message = _optional(raw, "message", lambda v: isinstance(v, str), "a valid string")
-        if outcome in ("stale", "invalid"):
-            detail = f": {message[:500]}" if message else ""
-            _log("warn", f"server refused the result of {request_id!r} ({outcome}){detail}")
-        if self._outbox.pop(request_id) is not None:
-            self.outbox_revision += 1
-            if len(self._outbox) < self.completed_cache_size:
-                self._outbox_overflowing = False
-
-    def _receive_ping(self, raw: "dict[str, Any]", now: float) -> None:
-        t = _field(raw, "t", is_number, "a valid number")
-        if self.connected:
-            self._to_send.append(_dumps({"type": "cf_agent_pong", "t": float(t)}))
-
-    def _receive_tools_ack(self, raw: "dict[str, Any]", now: float) -> None:
-        accepted = _field(
-            raw,
-            "accepted",
-            lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
-            "a list of strings",
-        )
-        rejected = raw.get("rejected", [])
-        if not isinstance(rejected, list) or not all(
-            isinstance(r, dict)
-            and isinstance(r.get("name"), str)
-            and isinstance(r.get("reason"), str)
-            for r in rejected
-        ):
-            raise _Bad("rejected: Input should be a list of {name, reason}")
-        pairs = tuple((r["name"], r["reason"]) for r in rejected)
-        self._events.append(("acked", tuple(accepted), pairs))
-
-    def _receive_protocol_error(self, raw: "dict[str, Any]", now: float) -> None:
-        message = _field(raw, "message", lambda v: isinstance(v, str), "a valid string")
-        request_id = raw.get("requestId")
-        where = f" for request {request_id!r}" if isinstance(request_id, str) else ""
-        _log(
-            "warn", f"server reported a protocol error{where}: {message[:MAX_ERROR_MESSAGE_CHARS]}"
-        )
-
-    # --- the clock -----------------------------------------------------------------------
-
-    def tick(self, now: float) -> None:
-        """C9 (call deadlines) and C12 (liveness)."""
-        for call in list(self._calls.values()):
-            if call.deadline is not None and now >= call.deadline:
-                call.step(CallEvent.EXPIRE)
-                call.deadline = None
-                self._events.append(("cancel", call.request_id, "timeout"))
-                message = timeout_message(call.tool_name)
-                self._store_result(
-                    call.request_id, _error_result(call.request_id, "timeout", message)
-                )
-        limit = self._last_received + LIVENESS_FACTOR * self.ping_interval
-        if self.connected and not self._replace_requested and now >= limit:
-            self._replace_requested = True
-            silence = now - self._last_received
-            self._events.append(("replace", f"nothing received for {silence:.1f} s"))
-
-    # --- how runs end --------------------------------------------------------------------
-
-    def _late(self, request_id: str, event: "CallEvent") -> bool:
-        """True (and the call forgotten) when the run ended after a cancel or a timeout."""
-        call = self._calls.get(request_id)
-        if call is None:
-            raise ValueError(f"no run for request {request_id!r} is in progress")
-        if call.state is CallState.RUNNING:
-            return False
-        call.step(event)
-        del self._calls[request_id]
-        return True
-
-    def tool_returned(self, request_id: str, value: object) -> None:
-        """C5: the value as JSON, checked against the output schema, within the size limit."""
-        if self._late(request_id, CallEvent.RETURN):
-            return
-        call = self._calls[request_id]
-        output, error = returned_outcome(
-            self.tools.get(call.tool_name), call.tool_name, value, self.max_result_bytes
-        )
-        if error is not None:
-            self._end_run(call, CallEvent.RETURN_UNUSABLE, _error_result(request_id, *error))
-            return
-        text = (
-            '{"type":"cf_agent_client_tool_result","requestId":'
-            + _dumps(request_id)
-            + ',"output":'
-            + str(output)
-            + "}"
-        )
-        self._end_run(call, CallEvent.RETURN, text)
-
-    def tool_raised(self, request_id: str, exc: BaseException) -> None:
-        """C6: `tool_error`; a ToolError carries its own message and data."""
-        if self._late(request_id, CallEvent.RAISE):
-            return
-        call = self._calls[request_id]
-        message, data = raised_error(exc)
-        self._end_run(call, CallEvent.RAISE, _error_result(request_id, "tool_error", message, data))
-
-    def tool_cancelled(self, request_id: str) -> None:
-        if self._late(request_id, CallEvent.RUN_CANCELLED):
-            return
-        call = self._calls[request_id]
-        result = _error_result(
-            request_id, "tool_error", "the tool was cancelled", {"exception": "CancelledError"}
-        )
-        self._end_run(call, CallEvent.RUN_CANCELLED, result)
-
-    def report_progress(
-        self,
-        request_id: str,
-        progress: float,
-        total: "float | None" = None,
-        message: "str | None" = None,
-    ) -> None:
-        """C10: only while running (ToolContext checked that it increases)."""
-        call = self._calls.get(request_id)
-        if call is None or call.state is not CallState.RUNNING:
-            return
-        if self.connected:
-            frame: dict[str, Any] = {
-                "type": "cf_agent_client_tool_progress",
-                "requestId": request_id,
-                "progress": float(progress),
-            }
-            if total is not None:
-                frame["total"] = float(total)
-            if message is not None:
-                frame["message"] = message
-            self._to_send.append(_dumps(frame))
-
-    def shutdown(self) -> None:
-        """The app closes the client: cancel every run, no result (the server re-delivers)."""
-        for call in self._calls.values():
-            if call.state is CallState.RUNNING:
-                call.step(CallEvent.CANCEL)
-                call.deadline = None
-                self._events.append(("cancel", call.request_id, "shutdown"))
-
-    # --- results -------------------------------------------------------------------------
-
-    def _end_run(self, call: "_Call", event: "CallEvent", result: str) -> None:
-        del self._calls[call.request_id]
-        self._finish(call, event, result)
-
-    def _finish(self, call: "_Call", event: "CallEvent", result: str) -> None:
-        call.step(event)
-        self._store_result(call.request_id, result)
-
-    def _store_result(self, request_id: str, result: str) -> None:
-        self._results.put(request_id, result)
-        while len(self._results) > self.completed_cache_size:
-            self._results.pop_oldest()
-        self._put_in_outbox(request_id, result)
-
-    def _put_in_outbox(self, request_id: str, result: str) -> None:
-        self._outbox.put(request_id, result)
-        while len(self._outbox) > self.completed_cache_size:
-            dropped = self._outbox.pop_oldest()
-            if not self._outbox_overflowing:  # one console line per burst, not one per drop
-                self._outbox_overflowing = True
-                _log(
-                    "warn",
-                    f"outbox full ({self.completed_cache_size} unacknowledged results): dropping "
-                    f"the oldest, starting with {dropped!r}, until acks make room",
-                )
-        self.outbox_revision += 1
-        self.outbox_added += 1
-        if self.connected:
-            self._to_send.append(result)
-
-    # --- persistence (the Pyodide flavour's format) --------------------------------------
-
-    def export_outbox(self) -> str:
-        entries = [{"requestId": rid, "frame": text} for rid, text in self._outbox.items()]
-        return _dumps({"version": OUTBOX_FORMAT_VERSION, "results": entries})
-
-    def restore_outbox(self, text: str) -> int:
-        try:
-            stored = json.loads(text)
-            entries = (
-                stored.get("results") if stored.get("version") == OUTBOX_FORMAT_VERSION else None
-            )
-            if not isinstance(entries, list):
-                raise ValueError("no list of results in a known format version")
-        except Exception as exc:
-            _log("warn", f"stored outbox ignored: {exc}")
-            return 0
-        restored = 0
-        for entry in entries:
-            try:
-                request_id, frame_text = entry["requestId"], entry["frame"]
-                frame = json.loads(frame_text)
-                if frame.get("type") != "cf_agent_client_tool_result":
-                    raise ValueError("not a result frame")
-                if frame.get("requestId") != request_id or not _is_request_id(request_id):
-                    raise ValueError("requestId does not match the frame")
-            except Exception as exc:
-                _log("warn", f"stored result ignored: {exc}")
-                continue
-            if request_id not in self._results:
-                self._results.put(request_id, frame_text)
-                self._put_in_outbox(request_id, frame_text)
-                restored += 1
-        return restored
-
-
-# Frame type -> handler; a type not here is a chat frame (dropped) or unknown (logged).
-_HANDLERS: "dict[str, Callable[[Session, dict[str, Any], float], None]]" = {
-    "cf_agent_client_tool_invoke": Session._receive_invoke,
-    "cf_agent_client_tool_cancel": Session._receive_cancel,
-    "cf_agent_client_tool_result_ack": Session._receive_result_ack,
-    "cf_agent_ping": Session._receive_ping,
-    "cf_agent_client_tools_ack": Session._receive_tools_ack,
-    "cf_agent_protocol_error": Session._receive_protocol_error,
-}
-
-
-# --- errors of connect() (transport.py's, which needs pydantic and urllib) ------------------
-
-
-class ConnectError(Exception):
-    """connect() failed; `reason` says why in plain words."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"cannot connect to {url.split('?')[0]}: {reason}")
-        self.url = url.split("?")[0]
-        self.reason = reason
-
-
-class ConnectionFailed(ConnectError):
-    """The WebSocket did not open: refused, unreachable within the timeout."""
-
-
-class RegistrationTimeout(ConnectError):
-    """The WebSocket opened, but the server did not acknowledge the tools in time."""
-
-
-class ToolsRejected(ConnectError):
-    """The server acknowledged the tools frame but refused some tools."""
-
-    def __init__(self, url: str, rejected: "tuple[tuple[str, str], ...]") -> None:
-        reasons = "; ".join(f"{name!r}: {reason}" for name, reason in rejected)
-        super().__init__(url, f"the server rejected tools: {reasons}")
-        self.rejected = rejected
+        return len(self._tools)
 
 
 # --- the browser adapter -------------------------------------------------------------------
@@ -858,12 +291,12 @@ class _Connection:
         self.opened = asyncio.Event()
         self.registered = asyncio.Event()
         self.ended = asyncio.Event()
-        self.outcome: tuple[Any, ...] | str | None = None
+        self.outcome: ToolsAcknowledged | str | None = None
         self.close_code: int | None = None
         self.over = False
 
 
-class ToolClient:
+class ToolClient(ClientStatus):
     """Hosts MicroPython tools for a server-side agent over one WebSocket (protocol v1).
 
     Arguments as the Pyodide flavour's ToolClient: url, token, connect_timeout,
@@ -880,21 +313,17 @@ class ToolClient:
         *,
         token: "str | None" = None,
         connect_timeout: float = 10.0,
-        ping_interval: float = DEFAULT_PING_INTERVAL,
+        ping_interval: float = rules.DEFAULT_PING_INTERVAL,
         reconnect: bool = True,
         client_id: "str | None" = None,
-        max_result_bytes: int = MAX_RESULT_BYTES,
+        max_result_bytes: int = rules.MAX_RESULT_BYTES,
         storage: "Any" = None,
         webmcp: bool = False,
         webmcp_approval: bool = False,
     ) -> None:
         import js
 
-        if connect_timeout <= 0:
-            raise ValueError("connect_timeout must be positive")
-        if url is None and not webmcp:
-            raise ValueError("a ToolClient needs the server's url (or webmcp=True, and no server)")
-        url = url or ""
+        url = supervisor.check_options(url, connect_timeout, webmcp)
         self._js = js
         self.url = url
         sep = "&" if "?" in url else "?"
@@ -902,7 +331,7 @@ class ToolClient:
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
         self.client_id = client_id or str(js.crypto.randomUUID()).replace("-", "")
-        self._tools: dict[str, Tool] = OrderedDict()  # the tools frame lists them in order
+        self._tools = ToolTable()  # the tools frame lists them in order
         self.session = Session(
             self._tools,
             client_id=self.client_id,
@@ -912,22 +341,18 @@ class ToolClient:
         worker = hasattr(js, "WorkerGlobalScope")  # in a PyScript worker: clienttools.worker
         if storage is None:
             storage = _worker_storage(js) if worker else js.sessionStorage
-        self._storage = storage
-        # Looked up once: in a worker the storage is the page's, and a lookup is a call there.
-        self._set_item = storage.setItem
-        self._storage_key = f"clienttools:outbox:{url}"
-        self._status = "idle"
-        self._status_callbacks: list[Callable[[str], None]] = []
+        # The writer of the Pyodide flavour too: results stored before they are sent (C11).
+        self._outbox = OutboxWriter(
+            self.session, StorageOutbox(url, storage), schedule=self._schedule_save
+        )
+        super().__init__()
         self._connection: _Connection | None = None
         self._supervisor: Any = None
         self._runs: dict[str, Any] = {}
         self._started: set[str] = set()
         self._closing = False
-        self._closed = asyncio.Event()
-        self._outbox_restored = False
-        self._saved_revision = 0
-        self._saved_added = 0
-        self._save_scheduled = False
+        self._closed_event = asyncio.Event()
+        self._save_callback: Callable[[], None] | None = None
         self._timer_id: Any = None
         self._timer_at: float | None = None
         self._pumping = False
@@ -943,11 +368,11 @@ class ToolClient:
             js.document.addEventListener("visibilitychange", self._hide_proxy)
         self.webmcp: Any = None  # the tools on document.modelContext (webmcp.py)
         if webmcp:
-            from clienttools.webmcp import ModelContextMirror, mpy_runner
+            from clienttools.webmcp import ModelContextMirror, tool_runner
 
             self.webmcp = ModelContextMirror(
-                lambda: [(tool.spec(), tool.read_only) for tool in self._tools.values()],
-                mpy_runner(self._tools, max_result_bytes),
+                lambda: [(tool.spec(), tool.read_only) for tool in self._tools],
+                tool_runner(self._tools, max_result_bytes),
                 approval=webmcp_approval,
             )
 
@@ -989,16 +414,14 @@ class ToolClient:
                 context=context,
                 read_only=read_only,
             )
-            if tool.name in self._tools:
-                raise ValueError(f"a tool named {tool.name!r} is already registered")
-            self._tools[tool.name] = tool
+            self._tools.add(tool)
             self._tools_changed()
             return function
 
         return register if fn is None else register(fn)
 
     def remove_tool(self, name: str) -> None:
-        del self._tools[name]
+        self._tools.remove(name)
         self._tools_changed()
 
     def _tools_changed(self) -> None:
@@ -1009,59 +432,20 @@ class ToolClient:
 
     @property
     def tools(self) -> "dict[str, Tool]":
-        return OrderedDict(self._tools)
+        return self._tools.as_dict()
 
     # --- state ---------------------------------------------------------------------------
-
-    @property
-    def status(self) -> str:
-        """idle -> connecting -> open (-> reconnecting -> open ...) -> closed."""
-        return self._status
-
-    @property
-    def connected(self) -> bool:
-        return self._status == "open"
-
-    def on_status(self, callback: "Callable[[str], None]") -> "Callable[[], None]":
-        self._status_callbacks.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._status_callbacks:
-                self._status_callbacks.remove(callback)
-
-        return unsubscribe
-
-    def _set_status(self, status: str) -> None:
-        if status == self._status:
-            return
-        self._status = status
-        _log("info", f"{self.url}: {status}")
-        if status == "closed":
-            self._closed.set()
-        for callback in list(self._status_callbacks):
-            try:
-                callback(status)
-            except Exception as exc:
-                _log("error", f"status callback failed: {exc!r}")
 
     # --- connect and close ---------------------------------------------------------------
 
     async def connect(self) -> None:
         """Open the connection; return once the server acknowledged the tools (C1)."""
-        if self._status in ("connecting", "open", "reconnecting"):
-            raise RuntimeError(f"ToolClient.connect() called while {self._status}")
-        if not self.url:
-            raise RuntimeError("this ToolClient has no url: it serves document.modelContext only")
+        supervisor.check_connect(self._status, self.url)
         self._closing = False
-        self._closed = asyncio.Event()
-        self._restore_outbox()
-        self._set_status("connecting")
-        try:
-            await self._open(first=True)
-        except BaseException:
-            await self._stop()
-            raise
-        self._supervisor = asyncio.create_task(self._supervise())
+        self._closed_event = asyncio.Event()
+        self._outbox.restore()
+        await self._connect_first()
+        self._supervisor = asyncio.create_task(supervisor.supervise(self))
 
     async def close(self) -> None:
         """Close for good: no reconnect; running async tools are cancelled.
@@ -1073,11 +457,6 @@ class ToolClient:
         if self._status in ("idle", "closed"):
             return
         await self._stop()
-
-    async def wait_closed(self) -> None:
-        if self._status in ("idle", "closed"):
-            return
-        await self._closed.wait()
 
     async def _open(self, first: bool) -> None:
         started = self._now()
@@ -1102,18 +481,11 @@ class ToolClient:
                 f"connected, but the server did not acknowledge the tools within "
                 f"{self.connect_timeout} s (is this a clienttools endpoint?)",
             ) from None
-        outcome = connection.outcome
-        if not isinstance(outcome, tuple):
+        error = supervisor.registration_error(self._open_url, connection.outcome or "", first)
+        if error is not None:
             self._detach(connection)
-            raise ConnectionFailed(self._open_url, str(outcome))
-        rejected = outcome[1]
-        if rejected:
-            if first:
-                self._detach(connection)
-                raise ToolsRejected(self._open_url, rejected)
-            for tool_name, reason in rejected:
-                _log("warn", f"server rejected tool {tool_name!r}: {reason}")
-        self._set_status("open")
+            raise error
+        self._step(ClientEvent.OPENED)
 
     async def _wait(self, event: "asyncio.Event", seconds: float) -> bool:
         """Wait for `event` at most `seconds`; False on timeout.
@@ -1209,37 +581,21 @@ class ToolClient:
         self.proxies_destroyed += len(connection.proxies)
         connection.proxies = []  # released: JS holds them no more, nor do we
 
-    async def _supervise(self) -> None:
-        """C11: after an unexpected end, reconnect with backoff and full jitter."""
-        while True:
-            connection = self._connection
-            if connection is None:
-                return
-            await connection.ended.wait()
-            code = CLOSE_CODE_SILENT if connection.close_code == CLOSE_CODE_SILENT else 1000
-            self._detach(connection, code)
-            if self._closing:
-                return
-            if not self.reconnect:
-                _log("warn", "connection lost; reconnect is off, so the client closes")
-                await self._stop()
-                return
-            self._set_status("reconnecting")
-            for delay in backoff():
-                await asyncio.sleep(delay)
-                if self._closing:
-                    return
-                try:
-                    await self._open(first=False)
-                    break
-                except ConnectError as exc:
-                    _log("info", f"reconnect failed: {exc}")
+    # What supervisor.supervise (C11's reconnect loop, shared with client.py) asks of us:
+
+    async def _connection_over(self, connection: "_Connection") -> None:
+        await connection.ended.wait()
+        code = rules.CLOSE_CODE_SILENT if connection.close_code == rules.CLOSE_CODE_SILENT else 1000
+        self._detach(connection, code)
+
+    async def _close_after_loss(self) -> None:
+        await self._stop()
 
     async def _stop(self) -> None:
         self._closing = True
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None and supervisor is not asyncio.current_task():
-            supervisor.cancel()
+        watcher, self._supervisor = self._supervisor, None
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
         connection = self._connection
         if connection is not None:
             self._detach(connection)
@@ -1252,8 +608,9 @@ class ToolClient:
         if self._timer_id is not None:
             self._js.clearTimeout(self._timer_id)
             self._timer_id, self._timer_at = None, None
-        self._save_outbox()
-        self._set_status("closed")
+        self._outbox.cancel()
+        self._outbox.save()
+        self._step(ClientEvent.CLOSED)
 
     # --- carrying out what the session asks ----------------------------------------------
 
@@ -1270,7 +627,7 @@ class ToolClient:
                 events = self.session.events()
         finally:
             self._pumping = False
-        self._save_outbox_soon()  # a result is stored before it leaves (C11)
+        self._outbox.save_soon()  # a result is stored before it leaves (C11)
         frames = self.session.frames_to_send()
         connection = self._connection
         if frames and connection is not None:
@@ -1283,30 +640,29 @@ class ToolClient:
                     break
         self._rearm_timer()
 
-    def _carry_out(self, event: "tuple[Any, ...]") -> None:
-        kind = event[0]
-        if kind == "run":
-            self._start_run(*event[1:])
-        elif kind == "cancel":
-            self._cancel_run(event[1])
-        elif kind == "acked":
+    def _carry_out(self, event: "Any") -> None:
+        if isinstance(event, RunTool):
+            self._start_run(event)
+        elif isinstance(event, CancelTool):
+            self._cancel_run(event.request_id)
+        elif isinstance(event, ToolsAcknowledged):
             connection = self._connection
             if connection is not None and connection.outcome is None:
-                connection.outcome = (event[1], event[2])
+                connection.outcome = event
                 connection.registered.set()
             else:
-                for tool_name, reason in event[2]:
-                    _log("warn", f"server rejected tool {tool_name!r}: {reason}")
-        elif kind == "replace":
+                supervisor.warn_rejected(event.rejected)
+        elif isinstance(event, ReplaceConnection):
             connection = self._connection
             if connection is not None:
-                _log("warn", f"replacing a silent connection: {event[1]}")
-                connection.close_code = CLOSE_CODE_SILENT
-                self._end(connection, event[1])
+                _log("warn", f"replacing a silent connection: {event.reason}")
+                connection.close_code = rules.CLOSE_CODE_SILENT
+                self._end(connection, event.reason)
+        elif isinstance(event, ChatFrameReceived):
+            pass  # no chat client in this flavour (the core drops chat frames before this)
 
-    def _start_run(
-        self, request_id: str, tool: "Tool", arguments: "dict[str, Any]", attempt: int, call_id: str
-    ) -> None:
+    def _start_run(self, run: "RunTool") -> None:
+        request_id, tool = run.request_id, run.tool
         context = None
         if tool.context:
 
@@ -1314,15 +670,9 @@ class ToolClient:
                 self.session.report_progress(request_id, progress, total, message)
                 self._pump()
 
-            context = ToolContext(
-                request_id=request_id,
-                tool_call_id=call_id,
-                tool_name=tool.name,
-                attempt=attempt,
-                report_progress=report,
-            )
+            context = run.context(report)
         try:
-            result = tool.call(arguments, context)
+            result = tool.call(run.arguments, context)
         except Exception as exc:  # a sync tool raised
             self.session.tool_raised(request_id, exc)
             return
@@ -1388,56 +738,29 @@ class ToolClient:
         except Exception as exc:
             _log("error", f"the timer failed: {exc!r}")
 
-    # --- the outbox store (sessionStorage) -----------------------------------------------
+    # --- the outbox's timer and the page's end -------------------------------------------
 
-    def _restore_outbox(self) -> None:
-        if self._outbox_restored:
-            return
-        self._outbox_restored = True
-        try:
-            text = self._storage.getItem(self._storage_key)
-        except Exception as exc:
-            _log("error", f"loading the stored outbox failed: {exc!r}")
-            return
-        if isinstance(text, str) and text:
-            restored = self.session.restore_outbox(text)
-            if restored:
-                _log("info", f"restored {restored} unacknowledged results")
-        self._saved_revision = self.session.outbox_revision
-        self._saved_added = self.session.outbox_added
-
-    def _save_outbox_soon(self) -> None:
-        """Write new results at once (before they are sent); leave removals for the timer.
-
-        As outbox.OutboxWriter does for the Pyodide flavour: one write per invoke in a
-        sequential exchange (the ack's removal goes with the next result), one write
-        for the first result of a burst.
-        """
-        session = self.session
-        if session.outbox_revision == self._saved_revision:
-            return
-        added = session.outbox_added - self._saved_added
-        if added and len(session._outbox) <= added:
-            self._save_outbox()  # every result waiting is new: at once
-        elif not self._save_scheduled:
-            self._save_scheduled = True
-            self._js.setTimeout(self._save_proxy, 20)
+    def _schedule_save(self, delay: float, callback: "Callable[[], None]") -> "_Timeout":
+        # One long-lived proxy for every batched write: not a proxy per timer.
+        self._save_callback = callback
+        return _Timeout(self._js, self._js.setTimeout(self._save_proxy, max(1, int(delay * 1000))))
 
     def _on_save_timer(self, *args: "Any") -> None:
-        self._save_scheduled = False
-        self._save_outbox()
+        callback, self._save_callback = self._save_callback, None
+        if callback is not None:
+            callback()
 
     def _on_page_hide(self, event: "Any") -> None:
         if str(event.type) == "pagehide" or str(self._js.document.visibilityState) == "hidden":
-            self._save_outbox()
+            self._outbox.save()
 
-    def _save_outbox(self) -> None:
-        revision = self.session.outbox_revision
-        if revision == self._saved_revision:
-            return
-        self._saved_revision = revision
-        self._saved_added = self.session.outbox_added
-        try:
-            self._set_item(self._storage_key, self.session.export_outbox())
-        except Exception as exc:  # e.g. the storage quota: results still go out while connected
-            _log("error", f"saving the outbox failed: {exc!r}")
+
+class _Timeout:
+    """A `setTimeout` as the outbox writer cancels it."""
+
+    def __init__(self, js: "Any", timer: "Any") -> None:
+        self._js = js
+        self._timer = timer
+
+    def cancel(self) -> None:
+        self._js.clearTimeout(self._timer)

@@ -248,6 +248,14 @@ def _parse(text: str | bytes, known_types: frozenset[str], max_bytes: int) -> An
         raise FrameError(
             f"unknown frame type {frame_type[:64]!r}", request_id=request_id, frame_type=frame_type
         )
+    return validate_frame(raw)
+
+
+def validate_frame(raw: dict[str, Any]) -> Any:
+    """The model of a decoded frame whose `type` is known; raises FrameError with the reason."""
+    frame_type = raw["type"]
+    request_id = raw.get("requestId")
+    request_id = request_id if isinstance(request_id, str) and request_id else None
     try:
         return _validator(frame_type)(raw, by_alias=True)
     except ValidationError as exc:

@@ -88,7 +88,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticSerializationError
 
 from clienttools import protocol
-from clienttools.context import ToolContext, ToolError
+from clienttools.context import InvalidInput, InvalidOutput, ToolContext, ToolError
 from clienttools.observers import Observers
 from clienttools.rules import drop_missing_inputs, invalid_input_message
 
@@ -113,30 +113,6 @@ _NAME_RE: Final = re.compile(protocol.TOOL_NAME_PATTERN)
 
 
 # --- errors -------------------------------------------------------------------------
-
-
-class InvalidInput(Exception):
-    """The input failed the tool's schema (code `invalid_input`); the tool did not run.
-
-    `errors` are pydantic's errors without documentation URLs, made JSON-safe, with
-    `loc` naming parameters as the model knows them.
-    """
-
-    def __init__(self, message: str, errors: list[dict[str, JsonValue]]) -> None:
-        super().__init__(message)
-        self.message = message
-        self.errors = errors
-
-
-class InvalidOutput(Exception):
-    """The return value could not be serialized or failed the return annotation.
-
-    Code `invalid_output`; `str()` names the offending type or the schema failure.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class _Unserializable(Exception):

@@ -9,64 +9,38 @@
         async def receive(self) -> str | bytes | None: ...
         async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
-Errors (all `ConnectError`, each naming the URL, its token hidden, and the reason):
-
-    ConnectError             connect() failed; .url, .reason
-    +-- ConnectionFailed     the socket did not open: refused, unreachable, timed out, HTTP error
-    +-- RegistrationTimeout  the socket opened, but no cf_agent_client_tools_ack came in time
-    +-- ToolsRejected        the server refused some tools; .rejected holds (name, reason)
+The errors of connect() (`ConnectError` and its kinds) are defined in errors.py, which
+the MicroPython flavour shares, and are importable from here as well.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from clienttools.protocol import RejectedTool
+from clienttools.errors import (
+    ConnectError,
+    ConnectionFailed,
+    RegistrationTimeout,
+    ToolsRejected,
+    redact_token,
+)
 
-
-def redact_token(url: str) -> str:
-    """`url` with the value of its `token` query parameter hidden, for messages and logs."""
-    if "?" not in url:
-        # No query, no token. urllib.parse is imported only for a URL that has one: in
-        # a page, importing it is a tenth of the SDK's start-up.
-        return url
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if not any(key == "token" for key, _ in query):
-        return url
-    hidden = urlencode([(key, "***" if key == "token" else value) for key, value in query])
-    return urlunsplit(parts._replace(query=hidden))
-
-
-class ConnectError(Exception):
-    """The client could not connect to `url`; `reason` says why in plain words."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        url = redact_token(url)
-        super().__init__(f"cannot connect to {url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-
-class ConnectionFailed(ConnectError):
-    """The WebSocket did not open: refused, unreachable within the timeout, or refused by HTTP."""
-
-
-class RegistrationTimeout(ConnectError):
-    """The WebSocket opened, but the server did not acknowledge the tools in time."""
-
-
-class ToolsRejected(ConnectError):
-    """The server acknowledged the tools frame but refused some tools."""
-
-    def __init__(self, url: str, rejected: Sequence[RejectedTool]) -> None:
-        reasons = "; ".join(f"{tool.name!r}: {tool.reason}" for tool in rejected)
-        super().__init__(url, f"the server rejected tools: {reasons}")
-        self.rejected = tuple(rejected)
+__all__ = [
+    "ConnectError",
+    "ConnectionFailed",
+    "Connector",
+    "FlushesOnPageHide",
+    "MemoryOutboxStore",
+    "OutboxStore",
+    "PushesFrames",
+    "RegistrationTimeout",
+    "ReportsClose",
+    "SendsAtOnce",
+    "Socket",
+    "ToolsRejected",
+    "redact_token",
+]
 
 
 class Socket(Protocol):

@@ -53,12 +53,12 @@ This module runs on CPython, Pyodide and MicroPython 1.27 alike (the rules of
 rules.py: no `typing`, `dataclasses`, `enum` or `from __future__`). The part
 without I/O is the functions `model_context_tool`, `plan`, `output_result` and
 `error_result`; `ModelContextMirror` is the adapter on `js`, and
-`registry_runner` / `mpy_runner` run a call in each flavour, by that flavour's
-own code.
+`tool_runner` runs a call in either flavour, by the core's code.
 """
 
 import asyncio
 import json
+import sys
 
 from clienttools.rules import (
     MAX_RESULT_BYTES,
@@ -72,8 +72,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping, Sequence
     from typing import Any, TypeAlias
 
-    from clienttools.tools import ToolRegistry
-
     #: How a call ended: (output JSON text, None) or (None, (code, message, data)).
     Outcome: TypeAlias = "tuple[str | None, tuple[str, str, Any] | None]"
     #: Runs one call: an Outcome at once (a sync tool), or a coroutine that gives one.
@@ -85,10 +83,9 @@ __all__ = [
     "WebMCPUnavailable",
     "error_result",
     "model_context_tool",
-    "mpy_runner",
     "output_result",
     "plan",
-    "registry_runner",
+    "tool_runner",
 ]
 
 #: Fired on the document by build/web/webmcp/polyfill.mjs once document.modelContext exists.
@@ -218,32 +215,31 @@ async def _awaited(
     return finish(value)
 
 
-def registry_runner(registry: "ToolRegistry", max_result_bytes: int) -> "Runner":
-    """Runs a call of the Pyodide flavour: the code of tools.py and session.py, as a server's."""
-    from clienttools.session import raised_error, returned_outcome
-    from clienttools.tools import ToolContext
+def tool_runner(registry: "Any", max_result_bytes: int) -> "Runner":
+    """Runs a call of either flavour by the core's code (core.py), as a call from a server.
+
+    `registry` is what the core's Session takes: a `ToolRegistry` (tools.py), the
+    MicroPython flavour's table, or any mapping of name to tool.
+    """
+    from clienttools.context import ToolContext
+    from clienttools.outcomes import input_outcome, raised_error, returned_outcome
 
     def run(name: str, arguments: "Any", call_id: str) -> "Any":
         tool = registry.get(name)
         if tool is None:
             return None, ("unknown_tool", unknown_tool_message(name), None)
+        kwargs, error = input_outcome(tool, arguments)
+        if error is not None:
+            return None, error
+        context = ToolContext(
+            request_id=call_id,
+            tool_call_id=call_id,
+            tool_name=name,
+            attempt=1,
+            report_progress=_ignore_progress,
+        )
         try:
-            kwargs = tool.validate_input(arguments)
-        except Exception as exc:  # InvalidInput, or a validator of the app's own types
-            errors = getattr(exc, "errors", None)
-            message = str(exc) if errors is not None else f"{type(exc).__name__}: {exc}"
-            return None, ("invalid_input", message, errors)
-        context = None
-        if tool.context_parameter:
-            context = ToolContext(
-                request_id=call_id,
-                tool_call_id=call_id,
-                tool_name=name,
-                attempt=1,
-                report_progress=_ignore_progress,
-            )
-        try:
-            result = tool.call(kwargs, context)
+            result = tool.call(kwargs, context)  # a tool that takes no context ignores it
         except Exception as exc:
             message, data = raised_error(exc)
             return None, ("tool_error", message, data)
@@ -251,48 +247,19 @@ def registry_runner(registry: "ToolRegistry", max_result_bytes: int) -> "Runner"
         def finish(value: "Any") -> "Outcome":
             return returned_outcome(registry.get(name), name, value, max_result_bytes)
 
-        if not tool.is_async:
-            return finish(result)
-        return _awaited(result, tool.timeout, name, finish, raised_error)
-
-    return run
-
-
-def mpy_runner(tools: "Mapping[str, Any]", max_result_bytes: int) -> "Runner":
-    """Runs a call of the MicroPython flavour: mpy.py's schema check and outcomes."""
-    from clienttools.context import ToolContext
-    from clienttools.mpy import input_error, raised_error, returned_outcome
-
-    def run(name: str, arguments: "Any", call_id: str) -> "Any":
-        tool = tools.get(name)
-        if tool is None:
-            return None, ("unknown_tool", unknown_tool_message(name), None)
-        error = input_error(tool, arguments)
-        if error is not None:
-            return None, error
-        context = None
-        if tool.context:
-            context = ToolContext(
-                request_id=call_id,
-                tool_call_id=call_id,
-                tool_name=name,
-                attempt=1,
-                report_progress=_ignore_progress,
-            )
-        try:
-            result = tool.call(arguments, context)
-        except Exception as exc:
-            message, data = raised_error(exc)
-            return None, ("tool_error", message, data)
-
-        def finish(value: "Any") -> "Outcome":
-            return returned_outcome(tools.get(name), name, value, max_result_bytes)
-
-        if hasattr(result, "send") and hasattr(result, "throw"):  # a coroutine
+        if _is_coroutine(result):
             return _awaited(result, tool.timeout, name, finish, raised_error)
         return finish(result)
 
     return run
+
+
+def _is_coroutine(value: object) -> bool:
+    # MicroPython's coroutines are generators (it cannot tell the two apart); CPython's
+    # generators are values, which the output check refuses with a clear message.
+    if not (hasattr(value, "send") and hasattr(value, "throw")):
+        return False
+    return sys.implementation.name == "micropython" or type(value).__name__ == "coroutine"
 
 
 # --- the adapter on js -------------------------------------------------------------------
@@ -342,7 +309,7 @@ class ModelContextMirror:
     """Keeps a client's tools registered on `document.modelContext`; `close()` aborts them all.
 
     `specs()` lists the tools as (wire ToolSpec, read_only) pairs; `run` runs a call
-    (`registry_runner`, `mpy_runner`). Call `sync()` after every change of the tools.
+    (`tool_runner`). Call `sync()` after every change of the tools.
     Every JS proxy made here is destroyed: a registration's `execute` when it is
     aborted, the handlers of its promise when that settles (MicroPython; Pyodide's
     promises release Python handlers themselves), the listener for the polyfill

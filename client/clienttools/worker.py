@@ -32,6 +32,8 @@ This module is plain Python that CPython, Pyodide and MicroPython all run (no
 
 import asyncio
 
+from clienttools.outbox import StorageOutbox  # defined with the writer; exported here too
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (MicroPython has none)
 if TYPE_CHECKING:
     from typing import Any
@@ -104,26 +106,6 @@ class MemoryStorage:
 
     def setItem(self, key: str, value: str) -> None:
         self._items[key] = value
-
-
-class StorageOutbox:
-    """An OutboxStore (transport.py) over anything with Web Storage's getItem/setItem.
-
-    The key is the one the main-thread outbox uses, so moving a client from the
-    page into a worker keeps what it had not yet had acknowledged.
-    """
-
-    def __init__(self, url: str, storage: "Any") -> None:
-        self.key = "clienttools:outbox:" + url
-        self.storage = storage
-        self._set_item = storage.setItem  # looked up once: through the proxy, a lookup is a call
-
-    def load(self) -> "str | None":
-        value = self.storage.getItem(self.key)
-        return value if isinstance(value, str) else None  # JS null, however it arrives
-
-    def save(self, text: str) -> None:
-        self._set_item(self.key, text)
 
 
 class StatusExport:

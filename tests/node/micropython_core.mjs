@@ -1,6 +1,7 @@
-// Runs the MicroPython flavour's pure modules on real MicroPython 1.27 (the npm
-// interpreter PyScript uses), so "imports no pydantic, runs on MicroPython too" is
-// checked, not assumed. Used by tests/unit/test_mpy_session.py; prints
+// Runs the MicroPython flavour's pure modules (the shared ones, the core, mpy.py's tools)
+// on real MicroPython 1.27 (the npm interpreter PyScript uses), so "imports no pydantic,
+// runs on MicroPython too" is checked, not assumed. Used by tests/unit/test_mpy_session.py
+// (the core's own cases run through tests/node/core_cases.mjs); prints
 // "micropython core: ok" when every assert held.
 import fs from "node:fs";
 import { loadMicroPython } from "../../node_modules/@micropython/micropython-webassembly-pyscript/micropython.mjs";
@@ -12,7 +13,7 @@ const mp = await loadMicroPython({
   stderr: (line) => process.stderr.write(line + "\n"),
 });
 mp.FS.mkdirTree("/lib/clienttools");
-for (const name of ["rules.py", "context.py", "input_schema.py", "webmcp.py", "mpy.py"]) {
+for (const name of ["rules.py", "context.py", "errors.py", "input_schema.py", "portable.py", "events.py", "outcomes.py", "core.py", "supervisor.py", "outbox.py", "webmcp.py", "worker.py", "mpy.py"]) {
   mp.FS.writeFile("/lib/clienttools/" + name, fs.readFileSync(new URL(name, client), "utf8"));
 }
 
@@ -21,7 +22,8 @@ import json
 from clienttools import rules
 from clienttools.context import ToolError, json_problem
 from clienttools.input_schema import input_errors
-from clienttools.mpy import Session, Tool
+from clienttools.core import CancelTool
+from clienttools.mpy import Session, Tool, ToolTable
 
 assert rules.next_call_state(rules.CallState.RUNNING, rules.CallEvent.CANCEL) == rules.CallState.CANCELLED
 try:
@@ -50,8 +52,9 @@ assert [e["type"] for e in input_errors(schema, {})] == ["missing"]
 def add(a, b):
     return a + b
 
-tools = {"add": Tool(add, description="Add.", schema={"type": "object", "properties": {
-    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})}
+tools = ToolTable()
+tools.add(Tool(add, description="Add.", schema={"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}))
 session = Session(tools, client_id="page")
 session.connection_opened(0.0)
 first = json.loads(session.frames_to_send()[0])
@@ -65,7 +68,7 @@ def invoke(request_id, arguments, **extra):
 
 invoke("r1", {"a": 1, "b": 2})
 [run] = session.events()
-session.tool_returned("r1", run[2].call(run[3], None))
+session.tool_returned("r1", run.tool.call(run.arguments, None))
 assert session.frames_to_send() == ['{"type":"cf_agent_client_tool_result","requestId":"r1","output":3}']
 invoke("r1", {"a": 1, "b": 2}, attempt=2)
 assert session.events() == [] and len(session.frames_to_send()) == 1
@@ -75,7 +78,7 @@ assert error["code"] == "invalid_input" and [e["loc"] for e in error["data"]] ==
 invoke("r3", {"a": 1, "b": 2}, timeoutMs=100)
 session.events()
 session.tick(0.3)
-assert session.events() == [("cancel", "r3", "timeout")]
+assert session.events() == [CancelTool("r3", "timeout")]
 assert json.loads(session.frames_to_send()[0])["error"]["code"] == "timeout"
 session.tool_cancelled("r3")
 assert session.frames_to_send() == []
@@ -100,7 +103,7 @@ assert json.loads(webmcp.output_result('{"a":1}'))["structuredContent"] == {"a":
 assert json.loads(webmcp.output_result('"hi"'))["content"][0]["text"] == "hi"
 failed = json.loads(webmcp.error_result("tool_error", "boom", {"k": 1}))
 assert failed["isError"] is True and json.loads(failed["content"][0]["text"])["data"] == {"k": 1}
-run = webmcp.mpy_runner(tools, 1000)
+run = webmcp.tool_runner(tools, 1000)
 assert run("add", {"a": 1, "b": 2}, "webmcp-1") == ("3", None)
 assert run("add", {"a": "1", "b": 2}, "webmcp-2")[1][0] == "invalid_input"
 assert run("add", [1, 2], "webmcp-3")[1][0] == "invalid_input"

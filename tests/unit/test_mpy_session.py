@@ -1,9 +1,10 @@
-"""The MicroPython core (clienttools.mpy.Session) against the Pyodide one (session.Session).
+"""The protocol core over MicroPython's tools (mpy.Tool) against it over the Pyodide ones.
 
-Both get the same frames, the same clock and the same run outcomes; what they send
-must be the same JSON (error messages from pydantic's frame parsing aside, which
-the MicroPython core words by itself). The last test runs the shared modules and
-mpy.Session on real MicroPython 1.27 (the npm interpreter under Node.js).
+Both flavours' Sessions are the core (core.py); their tools differ (declared JSON
+schemas against pydantic models from annotations). Both get the same frames, the same
+clock and the same run outcomes; what they send must be the same JSON. The last test
+runs the shared modules and mpy.py on real MicroPython 1.27 (the npm interpreter
+under Node.js); tests/unit/test_core.py runs the core's own cases on both interpreters.
 """
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ class Pair:
         self.pyodide = Session(registry, client_id="page")
         seconds = {"type": "object", "properties": {"seconds": {"type": "number"}}}
         message = {"type": "object", "properties": {"message": {"type": "string"}}}
-        tools = {
-            "add": mpy.Tool(add, description="Add two integers.", schema=ADD_SCHEMA),
-            "slow": mpy.Tool(slow, schema=seconds, timeout=1.0, context=True),
-            "fail": mpy.Tool(fail, schema=message),
-        }
+        tools = mpy.ToolTable()
+        tools.add(mpy.Tool(add, description="Add two integers.", schema=ADD_SCHEMA))
+        tools.add(mpy.Tool(slow, schema=seconds, timeout=1.0, context=True))
+        tools.add(mpy.Tool(fail, schema=message))
         self.micropython = mpy.Session(tools, client_id="page")
         self.now = 0.0
 
@@ -92,8 +92,8 @@ class Pair:
                 else:
                     self.pyodide.tool_returned(event.request_id, value)
         for event in self.micropython.events():
-            if event[0] == "run":
-                _, request_id, tool, arguments = event[:4]
+            if isinstance(event, RunTool):
+                request_id, tool, arguments = event.request_id, event.tool, event.arguments
                 try:
                     value = tool.call(arguments, None)
                 except Exception as exc:
@@ -172,15 +172,15 @@ def test_cancel_timeout_and_late_outcomes_match() -> None:
     pair.feed(invoke("r1", "slow", {"seconds": 5}))
     pair.feed(invoke("r2", "slow", {"seconds": 5}, timeoutMs=200))
     assert [type(e).__name__ for e in pair.pyodide.events()] == ["RunTool", "RunTool"]
-    assert [e[0] for e in pair.micropython.events()] == ["run", "run"]
+    assert [type(e).__name__ for e in pair.micropython.events()] == ["RunTool", "RunTool"]
     cancel = {"type": "cf_agent_client_tool_cancel", "requestId": "r1", "reason": "aborted"}
     assert pair.feed(cancel) == ([], [])
     assert pair.pyodide.events() == [CancelTool("r1", "aborted")]
-    assert pair.micropython.events() == [("cancel", "r1", "aborted")]
+    assert pair.micropython.events() == [CancelTool("r1", "aborted")]
     pyodide, micropython = pair.tick(0.25)
     assert pyodide == micropython and micropython[0]["error"]["code"] == "timeout"
     assert pair.pyodide.events() == [CancelTool("r2", "timeout")]
-    assert pair.micropython.events() == [("cancel", "r2", "timeout")]
+    assert pair.micropython.events() == [CancelTool("r2", "timeout")]
     for request_id in ("r1", "r2"):  # the runs end late: no second result
         pair.pyodide.tool_cancelled(request_id)
         pair.micropython.tool_cancelled(request_id)
@@ -213,14 +213,14 @@ def test_outbox_liveness_and_reconnect_match() -> None:
     assert pair.micropython.next_deadline() == pair.pyodide.next_deadline() == 37.5
     pair.tick(40.0)
     assert [type(e).__name__ for e in pair.pyodide.events()] == ["ReplaceConnection"]
-    assert [e[0] for e in pair.micropython.events()] == ["replace"]
+    assert [type(e).__name__ for e in pair.micropython.events()] == ["ReplaceConnection"]
     pair.pyodide.connection_lost(40.0)
     pair.micropython.connection_lost(40.0)
     pyodide, micropython = pair.open()  # C11: the tools frame, then the unacknowledged result
     assert [f["type"] for f in micropython] == [f["type"] for f in pyodide]
     assert micropython[1] == pyodide[1]
     # The outbox texts are interchangeable: one flavour can restore the other's.
-    restored = mpy.Session({}, client_id="x")
+    restored = mpy.Session(mpy.ToolTable(), client_id="x")
     assert restored.restore_outbox(pair.pyodide.export_outbox()) == 1
     ack = {"type": "cf_agent_client_tool_result_ack", "requestId": "r1", "outcome": "applied"}
     pair.feed(ack)

@@ -24,11 +24,10 @@ from clienttools.webmcp import (
     error_result,
     main_thread_document,
     model_context_tool,
-    mpy_runner,
     output_result,
     plan,
-    registry_runner,
     result_of,
+    tool_runner,
 )
 
 
@@ -144,7 +143,7 @@ def _run(run: Any, name: str, arguments: Any) -> tuple[Any, Any]:
 
 def test_the_pyodide_runner_goes_through_the_servers_validation_and_errors() -> None:
     registry = _registry()
-    run = registry_runner(registry, 100)
+    run = tool_runner(registry, 100)
     assert _run(run, "add", {"a": 1, "b": 2}) == ("3", None)
     assert _run(run, "add", {"a": "1", "b": 2}) == ("3", None)  # lax, as for the server
     output, error = _run(run, "add", {"a": "one", "b": 2})
@@ -163,7 +162,7 @@ def test_the_pyodide_runner_goes_through_the_servers_validation_and_errors() -> 
 def test_the_pyodide_runner_says_what_the_session_says() -> None:
     """The same outcome as a result frame, for each way a call ends."""
     registry = _registry()
-    run = registry_runner(registry, 100)
+    run = tool_runner(registry, 100)
     session = Session(registry, client_id="page", max_result_bytes=100)
     session.connection_opened(0.0)
     session.frames_to_send()
@@ -209,7 +208,7 @@ def test_the_micropython_runner_uses_the_declared_schemas() -> None:
         "refuse": mpy.Tool(refuse),
         "slow": mpy.Tool(slow, timeout=0.05),
     }
-    run = mpy_runner(tools, 100)
+    run = tool_runner(tools, 100)
     assert _run(run, "add", {"a": 1, "b": 2}) == ("3", None)
     assert _run(run, "add", {"a": "1", "b": 2})[1][0] == "invalid_input"  # strict here
     assert _run(run, "add", [1, 2])[1][0] == "invalid_input"
@@ -225,7 +224,7 @@ def test_no_page_main_thread_no_mirror() -> None:
     with pytest.raises(WebMCPUnavailable, match="not in a worker"):
         main_thread_document(worker_globals)
     with pytest.raises(WebMCPUnavailable, match="not in a worker"):
-        ModelContextMirror(list, registry_runner(ToolRegistry(), 100), js=worker_globals)
+        ModelContextMirror(list, tool_runner(ToolRegistry(), 100), js=worker_globals)
     with pytest.raises(WebMCPUnavailable, match="needs a browser page"):
         ToolClient("ws://127.0.0.1:1/agents/chat/x", webmcp=True)  # CPython: no js at all
 
