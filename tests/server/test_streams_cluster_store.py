@@ -7,7 +7,6 @@ import pytest
 
 from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger
-from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger.postgres import PostgresLedger
 from tests.support.postgres import PostgresServer
 
