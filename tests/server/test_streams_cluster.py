@@ -140,6 +140,10 @@ async def test_a_response_started_on_one_process_is_resumed_on_another_and_goes_
                 TIMEOUT,
                 "B to replay what A streamed",
             )
+            # The two resumes are answered one after the other: wait for the tail too.
+            await wait_until(
+                lambda: len(on_b.browser.chunks.get(tail, [])) >= 2, TIMEOUT, "the tail"
+            )
             assert len(on_b.browser.chunks[tail]) == 2
             gate.set()  # from here on the response goes on live, on A and on B
             from_a = await on_a.response(request_id)
