@@ -53,6 +53,7 @@ from .wire.auth import (
 from .wire.chat_routes import chat_routes
 from .wire.connection import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER, PageConnection, admitted
 from .wire.http_chat import chat_http_routes
+from .wire.keepalive import Pinger
 from .wire.pending_routes import pending_routes
 from .wire.websocket_protocol import WebSocketProtocol
 
@@ -147,7 +148,8 @@ async def chat_endpoint(websocket: WebSocket) -> None:
         # Accepted only to say why, before any frame, with no reason text (O1, O4).
         await websocket.close(code=CLOSE_NOT_YOURS)
         return
-    await PageConnection(websocket, session, hub, config, hub.clock).serve()
+    pinger: Pinger = websocket.app.state.pinger
+    await PageConnection(websocket, session, hub, config, pinger, hub.clock).serve()
 
 
 async def open_ledger(db: str | None, *, lease: float = DEFAULT_LEASE) -> Ledger:
@@ -247,6 +249,7 @@ def create_app(
         app.state.config = config
         app.state.ledger = ledger
         app.state.hub = hub
+        app.state.pinger = Pinger(clock, config.ping_interval)
         app.state.pending = PendingCalls(hub.outside, ledger)
         app.state.access = Access(authorizer, ledger, clock)
         try:

@@ -23,6 +23,7 @@ from pydantic_ai.messages import (
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
+from clienttools.protocol import PingFrame, dump_frame
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.agent.scripted import parse_call_line, scripted_model, words
 from clienttools_server.app import StaticDirs
@@ -35,6 +36,7 @@ from clienttools_server.calls.delivery import (
 )
 from clienttools_server.calls.output_schemas import OutputSchemas
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from clienttools_server.wire.keepalive import SLOTS, Pinger
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
 
@@ -264,9 +266,12 @@ async def test_pings_and_the_idle_timeout_run_on_the_injected_clock(
     page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
     await page.register([])
     idle = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
-    # The ping loops and the idle timer are all waiting on the clock, not on real time.
-    await wait_until(lambda: {start + 15, start + 30} <= set(clock.deadlines()), 5, "the timers")
-    clock.advance(15)
+    # The pinger's tick and the idle timer are waiting on the clock, not on real time.
+    tick = 15 / SLOTS
+    await wait_until(lambda: {start + tick, start + 30} <= set(clock.deadlines()), 5, "the timers")
+    clock.advance(15 - tick)
+    await page.nothing("cf_agent_ping", wait=0.05)  # a page joined is pinged an interval later
+    clock.advance(tick)
     ping = await page.expect("cf_agent_ping")
     assert ping["t"] == (start + 15) * 1000
     assert idle.close_code is None
@@ -320,8 +325,8 @@ async def test_a_page_that_answered_pings_and_falls_silent_is_closed(
     # A peer that never answered a ping is not judged by them: uvicorn's pings stay its test.
     mute = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
     await mute.register([])
-    start = clock.now()
-    await wait_until(lambda: start + 15 in set(clock.deadlines()), 5, "the ping timers")
+    tick = 15 / SLOTS  # the pinger's timer: both pages joined at this time, so share a slot
+    await wait_until(lambda: clock.now() + tick in set(clock.deadlines()), 5, "the pinger")
     clock.advance(15)
     ping = await page.expect("cf_agent_ping")
     await page.send({"type": "cf_agent_pong", "t": ping["t"]})
@@ -330,15 +335,44 @@ async def test_a_page_that_answered_pings_and_falls_silent_is_closed(
     await page.expect("cf_agent_chat_messages")
     await mute.expect("cf_agent_ping")
     for _ in range(2):  # 45 s after the pong: still under 2.5 intervals at 30 s
-        await wait_until(lambda: clock.now() + 15 in set(clock.deadlines()), 5, "the next ping")
+        await wait_until(lambda: clock.now() + tick in set(clock.deadlines()), 5, "the pinger")
         clock.advance(15)
         await page.expect("cf_agent_ping")
         await mute.expect("cf_agent_ping")
     assert page.close_code is None
-    await wait_until(lambda: clock.now() + 15 in set(clock.deadlines()), 5, "the next ping")
+    await wait_until(lambda: clock.now() + tick in set(clock.deadlines()), 5, "the pinger")
     clock.advance(15)  # 45 s since the pong: over 37.5 s
     assert await page.expect_closed() == 1011
     await mute.expect("cf_agent_ping")
     assert mute.close_code is None
     await page.close()
     await mute.close()
+
+
+async def test_the_pinger_pings_each_page_once_an_interval_from_one_timer() -> None:
+    clock = ManualClock()
+    pinger = Pinger(clock, interval=16.0)  # a tick a second
+
+    class Page:
+        def __init__(self) -> None:
+            self.pings: list[tuple[float, str]] = []
+
+        def on_ping(self, now: float, text: str) -> None:
+            self.pings.append((now, text))
+
+    first, second = Page(), Page()
+    start = clock.now()
+    pinger.add(first)
+    clock.advance(5.5)
+    pinger.add(second)
+    assert clock.deadlines() == [start + 6]  # one timer for every page
+    clock.advance(40)
+    assert [now - start for now, _ in first.pings] == [16, 32]
+    assert [now - start for now, _ in second.pings] == [21, 37]  # an interval after it joined
+    assert first.pings[0][1] == dump_frame(PingFrame(t=(start + 16) * 1000))
+    pinger.discard(first)
+    clock.advance(16)
+    assert len(first.pings) == 2 and len(second.pings) == 3
+    pinger.discard(second)
+    pinger.discard(second)  # twice is harmless
+    assert clock.deadlines() == [] and len(pinger) == 0  # no pages, no timer

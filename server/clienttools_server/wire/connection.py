@@ -14,7 +14,7 @@ writer task, so runs, timers and acks never interleave partial sends.
         await websocket.close(code=4403)        # another principal's session (O1)
     else:
         await websocket.accept()
-        await PageConnection(websocket, session, hub, config, clock).serve()
+        await PageConnection(websocket, session, hub, config, pinger, clock).serve()
 
 A connection knows the server only as a :class:`Router` (the hub implements it):
 it hands over each parsed frame and sends what comes back.
@@ -39,7 +39,6 @@ from clienttools.protocol import (
     ClientFrame,
     ClientToolsFrame,
     FrameError,
-    PingFrame,
     PongFrame,
     ProtocolErrorFrame,
     ResultAckFrame,
@@ -55,9 +54,10 @@ from clienttools.protocol import (
 )
 
 from ..calls.pages import Client
-from ..clock import SYSTEM_CLOCK, Clock, Timer, sleep
+from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..config import ServerConfig
 from ..ledger import LeaseLost, LedgerUnavailable
+from .keepalive import Pinger
 from .websocket_protocol import KEEPALIVE
 
 logger = logging.getLogger(__name__)
@@ -145,9 +145,11 @@ class PageConnection:
         session: str,
         hub: Router,
         config: ServerConfig,
+        pinger: Pinger,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._websocket = websocket
+        self._pinger = pinger
         self._session = session
         self._hub = hub
         self._config = config
@@ -207,7 +209,7 @@ class PageConnection:
     async def serve(self) -> None:
         """Read until the peer leaves or breaks a limit; then drain, detach and close."""
         writer = asyncio.create_task(self._write())
-        pinger = asyncio.create_task(self._ping())
+        self._pinger.add(self)
         self._hub.attach(self)
         close_code: int | None = None
         reader = self._reader = asyncio.create_task(self._read())
@@ -230,12 +232,12 @@ class PageConnection:
             self._open = False
             self._engaged()
             reader.cancel()
-            pinger.cancel()
+            self._pinger.discard(self)
             try:
                 await self._hub.detach(self)
             finally:
                 self._outbox.put_nowait(None)
-            await asyncio.gather(writer, pinger, reader, return_exceptions=True)
+            await asyncio.gather(writer, reader, return_exceptions=True)
         if close_code is not None:
             # The peer may be gone already; then there is nothing to close.
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
@@ -347,17 +349,15 @@ class PageConnection:
                 self._open = False
                 return
 
-    async def _ping(self) -> None:
-        while True:
-            await sleep(self._clock, self._config.ping_interval)
-            # Only a peer that spoke the tools protocol (C12) knows the ping. A chat-only
-            # client, such as the AI SDK's stock WebSocketChatTransport, treats a frame
-            # without a requestId as invalid and drops its connection.
-            if self._client_id is None:
-                continue
-            now = self._clock.now()
-            silent = now - self._heard
-            if self._answers_pings and silent > SILENT_INTERVALS * self._config.ping_interval:
-                self._end(CLOSE_SILENT, f"nothing heard for {silent:.0f} s, pings unanswered")
-                return
-            self.send(PingFrame(t=now * 1000))
+    def on_ping(self, now: float, text: str) -> None:
+        """The pinger's turn for this page (``text`` is the ``cf_agent_ping``)."""
+        # Only a peer that spoke the tools protocol (C12) knows the ping. A chat-only
+        # client, such as the AI SDK's stock WebSocketChatTransport, treats a frame
+        # without a requestId as invalid and drops its connection.
+        if self._client_id is None or not self._open:
+            return
+        silent = now - self._heard
+        if self._answers_pings and silent > SILENT_INTERVALS * self._config.ping_interval:
+            self._end(CLOSE_SILENT, f"nothing heard for {silent:.0f} s, pings unanswered")
+            return
+        self._outbox.put_nowait(text)
