@@ -27,7 +27,7 @@ import contextlib
 import logging
 import secrets
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -167,6 +167,9 @@ class PageConnection:
         self._open = True
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self._error_times: deque[float] = deque()
+        keepalive = websocket.scope.get("extensions", {}).get(KEEPALIVE) or {}
+        self._stop_transport_pings: Callable[[], None] | None = keepalive.get("stop")
+        self._send_now: Callable[[str], bool] | None = keepalive.get("send_now")
 
     # -- Client -----------------------------------------------------------------------
 
@@ -334,9 +337,8 @@ class PageConnection:
             # The page answers our pings: they show it alive from now on (any frame does,
             # _read notes when), so the transport's own pings would only double the cost.
             self._answers_pings = True
-            keepalive = self._websocket.scope.get("extensions", {}).get(KEEPALIVE)
-            if keepalive is not None:
-                keepalive["stop"]()
+            if self._stop_transport_pings is not None:
+                self._stop_transport_pings()
 
     async def _write(self) -> None:
         while True:
@@ -360,4 +362,7 @@ class PageConnection:
         if self._answers_pings and silent > SILENT_INTERVALS * self._config.ping_interval:
             self._end(CLOSE_SILENT, f"nothing heard for {silent:.0f} s, pings unanswered")
             return
-        self._outbox.put_nowait(text)
+        # Straight to the socket when nothing waits before it in the outbox: a ping has no
+        # order to keep, and this spares the writer's task switch and the ASGI wrappers.
+        if not (self._outbox.empty() and self._send_now is not None and self._send_now(text)):
+            self._outbox.put_nowait(text)

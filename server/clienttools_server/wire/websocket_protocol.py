@@ -12,15 +12,19 @@ is different: send the close frame, half-close, and keep reading (and
 discarding) until the peer closes. :class:`WebSocketProtocol` does that, within
 the close timeout uvicorn uses for a close the app asks for.
 
-It also offers the app one ASGI extension, ``clienttools.keepalive``: its
-``stop()`` ends uvicorn's WebSocket-level pings on that connection. A page that
-registered tools answers the app's own ``cf_agent_ping``, which then shows the
-connection alive (PageConnection closes a silent one); a second ping at the
-transport level would only double the cost of an idle page. A peer that speaks
-only chat gets no app ping and keeps the transport's.
+It also offers the app one ASGI extension, ``clienttools.keepalive``, for what
+an idle page costs. Its ``stop()`` ends uvicorn's WebSocket-level pings on that
+connection. A page that registered tools answers the app's own
+``cf_agent_ping``, which then shows the connection alive (PageConnection closes
+a silent one); a second ping at the transport level would only double the cost
+of an idle page. A peer that speaks only chat gets no app ping and keeps the
+transport's. Its ``send_now(text)`` writes a text frame at once, without the
+ASGI send's task switch and wrappers, and answers False when the socket cannot
+take it now (closing, or its peer not reading): then the app sends it as usual.
 
     uvicorn.Config(app, ws=WebSocketProtocol, ws_max_size=limit, ...)
     websocket.scope["extensions"][KEEPALIVE]["stop"]()   # in the app
+    websocket.scope["extensions"][KEEPALIVE]["send_now"](ping_text)
 
 And it stops reading from a socket only once the app is :data:`BACKLOG` messages
 behind. uvicorn pauses the socket after every message and resumes it when the app
@@ -51,7 +55,21 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         # The app's task is created but has not run: it sees the extension in its scope.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[KEEPALIVE] = {"stop": self.stop_keepalive}
+        extensions[KEEPALIVE] = {"stop": self.stop_keepalive, "send_now": self.send_now}
+
+    def send_now(self, text: str) -> bool:
+        """Write one text frame now if the socket takes it; False if the app must send it."""
+        if (
+            not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or not self.writable.is_set()  # the peer reads slower than we write
+            or self.transport.is_closing()
+        ):
+            return False
+        self.conn.send_text(text.encode())
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     def send_receive_event_to_app(self) -> None:
         if self.read_paused or self.queue.qsize() >= BACKLOG - 1:
