@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -237,6 +238,26 @@ async def test_server_pings(start_server: Any, chunk_collector: Any) -> None:
     await tab.register([])
     ping = await tab.expect("cf_agent_ping")
     await tab.send({"type": "cf_agent_pong", "t": ping["t"]})
+    await tab.close()
+
+
+async def test_a_pong_is_read_as_it_arrives_and_a_malformed_one_is_refused(
+    start_server: Any, chunk_collector: Any
+) -> None:
+    """Pongs skip the reader's queue (the socket offers them first); the rules stay."""
+    server = await start_server()
+    tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+    await tab.register([])
+    for bad in ('{"type":"cf_agent_pong","t":"soon"}', '{"type": "cf_agent_pong"}'):
+        await tab.send_raw(bad)
+        error = await tab.expect("cf_agent_protocol_error")
+        assert error["message"].startswith("invalid 'cf_agent_pong' frame: t: "), error
+    # Spaced JSON, extra fields, and a pong after other frames are all still pongs: they
+    # are answered by nothing, and the socket stays open and in order.
+    await tab.send_raw('{ "type" : "cf_agent_pong", "t": 1.5, "pad": "x" }')
+    await tab.send_raw(json.dumps({"t": 2, "type": "cf_agent_pong"}))
+    assert (await tab.chat("hi")).final["type"] == "end"
+    await tab.nothing("cf_agent_protocol_error", wait=0.1)
     await tab.close()
 
 

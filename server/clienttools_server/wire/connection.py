@@ -69,6 +69,9 @@ CLOSE_SILENT = 1011  # as websockets and uvicorn close a peer that stopped answe
 #: A page that answers pings and sends nothing for this many intervals is gone (C12's rule).
 SILENT_INTERVALS = 2.5
 MAX_SESSION_NAME = 256
+#: A text with this within its first characters may be a pong (parsed as it arrives).
+PONG_MARK = '"cf_agent_pong"'
+PONG_MARK_WITHIN = 64
 
 
 # Frames that show a peer is a page or a chat, not an idle socket (see idle_timeout).
@@ -170,6 +173,8 @@ class PageConnection:
         keepalive = websocket.scope.get("extensions", {}).get(KEEPALIVE) or {}
         self._stop_transport_pings: Callable[[], None] | None = keepalive.get("stop")
         self._send_now: Callable[[str], bool] | None = keepalive.get("send_now")
+        if "intercept" in keepalive:
+            keepalive["intercept"](self._pong_now)
 
     # -- Client -----------------------------------------------------------------------
 
@@ -333,12 +338,8 @@ class PageConnection:
             await hub.subscribe_chat(self, frame)
         elif isinstance(frame, ChatClearFrame):
             await hub.clear_chat(self, frame)
-        elif isinstance(frame, PongFrame) and not self._answers_pings:
-            # The page answers our pings: they show it alive from now on (any frame does,
-            # _read notes when), so the transport's own pings would only double the cost.
-            self._answers_pings = True
-            if self._stop_transport_pings is not None:
-                self._stop_transport_pings()
+        elif isinstance(frame, PongFrame):
+            self._on_pong()
 
     async def _write(self) -> None:
         while True:
@@ -350,6 +351,28 @@ class PageConnection:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self._open = False
                 return
+
+    def _pong_now(self, text: str) -> bool:
+        """A pong, taken as it arrives (the socket offers each text first): no reader turn."""
+        if PONG_MARK not in text[:PONG_MARK_WITHIN]:
+            return False
+        try:
+            frame = parse_client_frame(text, self._config.max_frame_bytes)
+        except FrameError:
+            return False  # the reader answers it with a protocol error
+        if not isinstance(frame, PongFrame):
+            return False
+        self._heard = self._clock.now()
+        self._on_pong()
+        return True
+
+    def _on_pong(self) -> None:
+        if not self._answers_pings:
+            # The page answers our pings: they show it alive from now on (any frame does,
+            # _read notes when), so the transport's own pings would only double the cost.
+            self._answers_pings = True
+            if self._stop_transport_pings is not None:
+                self._stop_transport_pings()
 
     def on_ping(self, now: float, text: str) -> None:
         """The pinger's turn for this page (``text`` is the ``cf_agent_ping``)."""

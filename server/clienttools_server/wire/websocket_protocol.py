@@ -21,10 +21,14 @@ of an idle page. A peer that speaks only chat gets no app ping and keeps the
 transport's. Its ``send_now(text)`` writes a text frame at once, without the
 ASGI send's task switch and wrappers, and answers False when the socket cannot
 take it now (closing, or its peer not reading): then the app sends it as usual.
+Its ``intercept(handler)`` offers every text message to ``handler`` first, as
+it arrives; one the handler answers True for (a pong) never reaches the app's
+receive, and costs no queue, no task switch and no ASGI wrapper.
 
     uvicorn.Config(app, ws=WebSocketProtocol, ws_max_size=limit, ...)
     websocket.scope["extensions"][KEEPALIVE]["stop"]()   # in the app
     websocket.scope["extensions"][KEEPALIVE]["send_now"](ping_text)
+    websocket.scope["extensions"][KEEPALIVE]["intercept"](lambda text: is_pong(text))
 
 And it stops reading from a socket only once the app is :data:`BACKLOG` messages
 behind. uvicorn pauses the socket after every message and resumes it when the app
@@ -35,6 +39,7 @@ of a few messages holds a peer back just as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -50,12 +55,21 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol, failing a connection without a reset."""
 
     _failed = False
+    _intercept: Callable[[str], bool] | None = None
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         # The app's task is created but has not run: it sees the extension in its scope.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[KEEPALIVE] = {"stop": self.stop_keepalive, "send_now": self.send_now}
+        extensions[KEEPALIVE] = {
+            "stop": self.stop_keepalive,
+            "send_now": self.send_now,
+            "intercept": self.intercept,
+        }
+
+    def intercept(self, handler: Callable[[str], bool] | None) -> None:
+        """Offer each text message to ``handler`` first (None: stop)."""
+        self._intercept = handler
 
     def send_now(self, text: str) -> bool:
         """Write one text frame now if the socket takes it; False if the app must send it."""
@@ -72,6 +86,20 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         return True
 
     def send_receive_event_to_app(self) -> None:
+        if (
+            self._intercept is not None
+            and self.curr_msg_data_type == "text"
+            and len(self.frames) == 1
+            and not self.close_sent
+        ):
+            try:
+                text = self.frames[0].decode()
+            except UnicodeDecodeError:
+                pass  # uvicorn's own path refuses it (1007)
+            else:
+                if self._intercept(text):
+                    self.frames = []
+                    return
         if self.read_paused or self.queue.qsize() >= BACKLOG - 1:
             super().send_receive_event_to_app()  # queues the message, and pauses
             return
