@@ -58,7 +58,7 @@ from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..config import ServerConfig
 from ..ledger import LeaseLost, LedgerUnavailable
 from .keepalive import Pinger
-from .websocket_protocol import KEEPALIVE
+from .websocket_protocol import SOCKET
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +170,11 @@ class PageConnection:
         self._open = True
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self._error_times: deque[float] = deque()
-        keepalive = websocket.scope.get("extensions", {}).get(KEEPALIVE) or {}
-        self._stop_transport_pings: Callable[[], None] | None = keepalive.get("stop")
-        self._send_now: Callable[[str], bool] | None = keepalive.get("send_now")
-        if "intercept" in keepalive:
-            keepalive["intercept"](self._pong_now)
+        fast = websocket.scope.get("extensions", {}).get(SOCKET) or {}
+        self._stop_transport_pings: Callable[[], None] | None = fast.get("stop")
+        self._send_now: Callable[..., bool] | None = fast.get("send_now")
+        if "intercept" in fast:
+            fast["intercept"](self._pong_now)
 
     # -- Client -----------------------------------------------------------------------
 
@@ -342,14 +342,23 @@ class PageConnection:
             self._on_pong()
 
     async def _write(self) -> None:
+        outbox = self._outbox
         while True:
-            text = await self._outbox.get()
-            if text is None:
-                return
-            try:
-                await self._websocket.send_text(text)
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                self._open = False
+            item = await outbox.get()
+            texts: list[str] = []
+            while item is not None:  # a run's chunks come in bursts: one write for them all
+                texts.append(item)
+                if outbox.empty():
+                    break
+                item = outbox.get_nowait()
+            if texts and not (self._send_now is not None and self._send_now(*texts)):
+                try:
+                    for text in texts:
+                        await self._websocket.send_text(text)
+                except (WebSocketDisconnect, RuntimeError, OSError):
+                    self._open = False
+                    return
+            if item is None:
                 return
 
     def _pong_now(self, text: str) -> bool:

@@ -12,23 +12,27 @@ is different: send the close frame, half-close, and keep reading (and
 discarding) until the peer closes. :class:`WebSocketProtocol` does that, within
 the close timeout uvicorn uses for a close the app asks for.
 
-It also offers the app one ASGI extension, ``clienttools.keepalive``, for what
-an idle page costs. Its ``stop()`` ends uvicorn's WebSocket-level pings on that
-connection. A page that registered tools answers the app's own
-``cf_agent_ping``, which then shows the connection alive (PageConnection closes
-a silent one); a second ping at the transport level would only double the cost
-of an idle page. A peer that speaks only chat gets no app ping and keeps the
-transport's. Its ``send_now(text)`` writes a text frame at once, without the
-ASGI send's task switch and wrappers, and answers False when the socket cannot
-take it now (closing, or its peer not reading): then the app sends it as usual.
-Its ``intercept(handler)`` offers every text message to ``handler`` first, as
-it arrives; one the handler answers True for (a pong) never reaches the app's
-receive, and costs no queue, no task switch and no ASGI wrapper.
+It also offers the app one ASGI extension, ``clienttools.socket``, for what
+each frame costs: an idle page's ping and pong, and a run's burst of chunks.
+
+- ``stop()`` ends uvicorn's WebSocket-level pings on that connection. A page
+  that registered tools answers the app's own ``cf_agent_ping``, which then
+  shows the connection alive (PageConnection closes a silent one); a second
+  ping at the transport level would only double the cost of an idle page. A
+  peer that speaks only chat gets no app ping and keeps the transport's.
+- ``send_now(*texts)`` writes text frames at once, all in one socket write,
+  without the ASGI send's wrappers; it answers False when the socket cannot
+  take them now (closing, or its peer not reading), and the app then sends them
+  the ASGI way.
+- ``intercept(handler)`` offers every text message to ``handler`` first, as it
+  arrives; one the handler answers True for (a pong) never reaches the app's
+  receive, and costs no queue, no task switch and no ASGI wrapper.
 
     uvicorn.Config(app, ws=WebSocketProtocol, ws_max_size=limit, ...)
-    websocket.scope["extensions"][KEEPALIVE]["stop"]()   # in the app
-    websocket.scope["extensions"][KEEPALIVE]["send_now"](ping_text)
-    websocket.scope["extensions"][KEEPALIVE]["intercept"](lambda text: is_pong(text))
+    socket = websocket.scope["extensions"][SOCKET]      # in the app
+    socket["stop"]()
+    socket["send_now"](first_text, second_text)
+    socket["intercept"](lambda text: is_pong(text))
 
 And it stops reading from a socket only once the app is :data:`BACKLOG` messages
 behind. uvicorn pauses the socket after every message and resumes it when the app
@@ -45,8 +49,8 @@ from typing import Any
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 
-#: The ASGI extension (in ``scope["extensions"]``) that stops the transport's pings.
-KEEPALIVE = "clienttools.keepalive"
+#: The ASGI extension (in ``scope["extensions"]``) with the socket's fast paths.
+SOCKET = "clienttools.socket"
 #: Messages the app may be behind before the socket stops being read (uvicorn's is 1).
 BACKLOG = 8
 
@@ -61,7 +65,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         # The app's task is created but has not run: it sees the extension in its scope.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[KEEPALIVE] = {
+        extensions[SOCKET] = {
             "stop": self.stop_keepalive,
             "send_now": self.send_now,
             "intercept": self.intercept,
@@ -71,8 +75,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         """Offer each text message to ``handler`` first (None: stop)."""
         self._intercept = handler
 
-    def send_now(self, text: str) -> bool:
-        """Write one text frame now if the socket takes it; False if the app must send it."""
+    def send_now(self, *texts: str) -> bool:
+        """Write these text frames now, in one write, if the socket takes them; else False."""
         if (
             not self.handshake_complete
             or self.close_sent
@@ -81,7 +85,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             or self.transport.is_closing()
         ):
             return False
-        self.conn.send_text(text.encode())
+        for text in texts:
+            self.conn.send_text(text.encode())
         self.transport.write(b"".join(self.conn.data_to_send()))
         return True
 
