@@ -24,7 +24,7 @@ from pydantic_ai.messages import (
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
-from clienttools.protocol import PingFrame, dump_frame
+from clienttools.protocol import ChunkFrame, PingFrame, dump_frame
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.agent.scripted import parse_call_line, scripted_model, words
 from clienttools_server.app import StaticDirs
@@ -37,6 +37,7 @@ from clienttools_server.calls.delivery import (
 )
 from clienttools_server.calls.output_schemas import OutputSchemas
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from clienttools_server.wire.connection import frame_text
 from clienttools_server.wire.keepalive import SLOTS, Pinger
 from tests.support.clock import ManualClock
 from tests.support.wait import wait_until
@@ -397,3 +398,22 @@ async def test_the_pinger_pings_each_page_once_an_interval_from_one_timer() -> N
     pinger.discard(second)
     pinger.discard(second)  # twice is harmless
     assert clock.deadlines() == [] and len(pinger) == 0  # no pages, no timer
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"type": "text-delta", "id": "t1", "delta": 'héllo "quoted" \u2028 </script>'},
+        {"type": "tool-input-available", "toolCallId": "c1", "input": {"a": [1, 2.5, None]}},
+        {"type": "data-x", "data": {"nested": {"deep": [True, False, {"k": -0.0}]}}},
+        {"type": "finish"},
+    ],
+)
+def test_a_chunk_frame_reads_as_dump_frame_writes_it(chunk: dict[str, Any]) -> None:
+    frame = ChunkFrame(request_id="r\u00e9-1", sequence=7, chunk=chunk)
+    built = ChunkFrame.model_construct(request_id="r\u00e9-1", sequence=7, chunk=chunk)
+    assert frame_text(frame) == frame_text(built) == dump_frame(frame)
+    assert json.loads(frame_text(frame)) == {
+        "type": "chunk", "requestId": "r\u00e9-1", "sequence": 7, "chunk": chunk,
+    }  # fmt: skip
+    assert frame_text(PingFrame(t=1.5)) == dump_frame(PingFrame(t=1.5))

@@ -108,7 +108,11 @@ class ChunkLog:
             self.tap(sequence, chunk)
         for sub in list(self._subscribers.values()):
             if sequence > sub.after:
-                sub.send(ChunkFrame(request_id=sub.request_id, sequence=sequence, chunk=chunk))
+                # Our own chunk, JSON already: built without validating it again per page.
+                frame = ChunkFrame.model_construct(
+                    request_id=sub.request_id, sequence=sequence, chunk=chunk
+                )
+                sub.send(frame)
 
     def finish(self, error_text: str | None = None) -> None:
         """End the response for every subscriber: ``end``, or ``error`` with a generic text."""
