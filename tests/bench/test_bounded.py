@@ -7,6 +7,7 @@ smallest settings; the watchdog is checked on a body that never returns.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,7 @@ ENTRY_POINTS = [
     ["bench.peer"],
     ["bench.auth"],
     ["bench.idle"],
+    ["bench.share"],
 ]
 
 
@@ -149,3 +151,17 @@ def test_a_server_that_is_not_there_is_one_line_and_exit_1() -> None:
     assert done.returncode == bounded.EXIT_FAILED
     assert "python -m bench.fleet: cannot reach ws://127.0.0.1:1/agents/chat" in done.stderr
     assert "registered" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_share_benchmark_runs_its_bare_side_and_refuses_a_baseline_that_is_not_one(
+    tmp_path: Path,
+) -> None:
+    bare = _run("bench.share", "bare", "20", "5")
+    assert bare.returncode == 0, bare.stderr
+    figures = json.loads(bare.stdout)
+    assert figures["chats"] == 20 and figures["cpu_ms_per_chat"] > 0
+    refused = _run("bench.share", "--baseline", str(tmp_path))
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"python -m bench.share: {tmp_path} is not a checkout of this repository (no server/)"
+    )
