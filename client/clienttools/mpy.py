@@ -310,6 +310,7 @@ class _Connection:
 
     def __init__(self, ws: "Any") -> None:
         self.ws = ws
+        self.send = ws.send  # looked up once: through the proxy, a lookup is a call
         self.proxies: list[Any] = []
         self.opened = asyncio.Event()
         self.registered = asyncio.Event()
@@ -349,6 +350,7 @@ class ToolClient(ClientStatus):
         url = supervisor.check_options(url, connect_timeout, webmcp)
         _raise_gc_threshold()
         self._js = js
+        self._performance_now = js.performance.now  # read on every frame: looked up once
         self.url = url
         sep = "&" if "?" in url else "?"
         self._open_url = url if token is None else f"{url}{sep}token={js.encodeURIComponent(token)}"
@@ -407,7 +409,7 @@ class ToolClient(ClientStatus):
         return create_proxy(fn)
 
     def _now(self) -> float:
-        return float(self._js.performance.now()) / 1000
+        return float(self._performance_now()) / 1000
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -655,9 +657,10 @@ class ToolClient(ClientStatus):
         frames = self.session.frames_to_send()
         connection = self._connection
         if frames and connection is not None:
+            send = connection.send
             for text in frames:
                 try:
-                    connection.ws.send(text)
+                    send(text)
                 except Exception as exc:
                     _log("info", f"send failed ({exc!r}); the connection is going away")
                     self._end(connection, f"sending failed: {exc!r}")
