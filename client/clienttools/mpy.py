@@ -117,8 +117,9 @@ def _raise_gc_threshold() -> None:
     (the modules' bytecode, C7's remembered results). An invoke allocates a few
     KiB, so at 16 KiB the collections took more time than the invokes did (under
     Node: 1,414 pipelined invokes/s at 16 KiB, 2,230 at 256 KiB). The cost is at
-    most GC_THRESHOLD bytes more garbage between collections; a page that chose
-    its own threshold (or disabled it: -1) keeps its choice.
+    most GC_THRESHOLD bytes more garbage between collections. A higher threshold,
+    or collections disabled (-1), is kept; a page that wants a lower one sets it
+    after creating the client.
     """
     try:
         import gc
