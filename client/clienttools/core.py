@@ -267,8 +267,24 @@ class _ScanFreeRecent:
         entry = self._items.pop(key, None)
         if entry is None:
             return None
+        self._skip_stale_head()
         self._compact()
         return entry[1]
+
+    def _skip_stale_head(self) -> None:
+        # Acks mostly come oldest first, so removed entries gather at the front of the
+        # order; stepping past them now keeps `items()` (the outbox, written after
+        # every result) from walking them again and again until the next compaction.
+        # An entry once stale stays so (sequence numbers only grow): each is passed once.
+        order, items, head = self._order, self._items, self._head
+        end = len(order)
+        while head < end:
+            seq, key = order[head]
+            entry = items.get(key)
+            if entry is not None and entry[0] == seq:
+                break
+            head += 1
+        self._head = head
 
     def pop_oldest(self) -> str:
         while True:
