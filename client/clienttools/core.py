@@ -121,6 +121,10 @@ def _is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
+def _is_ack_outcome(value: object) -> bool:
+    return value in ACK_OUTCOMES
+
+
 # --- frames in: small validators over dicts ---------------------------------------------
 
 
@@ -239,12 +243,48 @@ class _ScanFreeRecent:
         self._order.append((self._seq, key))
         self._compact()
 
+    def put_within(self, key: str, value: str, limit: int) -> "str | None":
+        """`put`, then drop the oldest entries over `limit`; returns the first key dropped.
+
+        One call per result, not put + len + pop_oldest: on MicroPython each call
+        into a method of this class is a good part of an invoke's time.
+        """
+        seq = self._seq = self._seq + 1
+        items = self._items
+        items[key] = (seq, value)
+        order = self._order
+        order.append((seq, key))
+        dropped = None
+        while len(items) > limit:
+            oldest = self.pop_oldest()
+            if dropped is None:
+                dropped = oldest
+        if len(order) - self._head > 2 * len(items) + 64:
+            self._compact()
+        return dropped
+
     def pop(self, key: str) -> "str | None":
         entry = self._items.pop(key, None)
         if entry is None:
             return None
+        self._skip_stale_head()
         self._compact()
         return entry[1]
+
+    def _skip_stale_head(self) -> None:
+        # Acks mostly come oldest first, so removed entries gather at the front of the
+        # order; stepping past them now keeps `items()` (the outbox, written after
+        # every result) from walking them again and again until the next compaction.
+        # An entry once stale stays so (sequence numbers only grow): each is passed once.
+        order, items, head = self._order, self._items, self._head
+        end = len(order)
+        while head < end:
+            seq, key = order[head]
+            entry = items.get(key)
+            if entry is not None and entry[0] == seq:
+                break
+            head += 1
+        self._head = head
 
     def pop_oldest(self) -> str:
         while True:
@@ -301,6 +341,18 @@ class _OrderedRecent:
 
     def pop_oldest(self) -> str:
         return self._items.popitem(last=False)[0]
+
+    def put_within(self, key: str, value: str, limit: int) -> "str | None":
+        """`put`, then drop the oldest entries over `limit`; returns the first key dropped."""
+        items = self._items
+        items[key] = value
+        items.move_to_end(key)
+        dropped = None
+        while len(items) > limit:
+            oldest = items.popitem(last=False)[0]
+            if dropped is None:
+                dropped = oldest
+        return dropped
 
     def items(self) -> "Iterable[tuple[str, str]]":
         return self._items.items()
@@ -591,9 +643,20 @@ class Session:
             self._events.append(CancelTool(request_id, reason))
 
     def _receive_result_ack(self, raw: "dict[str, Any]", now: float) -> None:
-        request_id = _field(raw, "requestId", _is_request_id, _REQUEST_ID)
-        outcome = _field(raw, "outcome", lambda v: v in ACK_OUTCOMES, " or ".join(ACK_OUTCOMES))
-        message = _optional(raw, "message", _is_str, "a valid string")
+        get = raw.get
+        request_id, outcome, message = get("requestId"), get("outcome"), get("message")
+        # The hot path of every result: one test for a well-formed ack (as for invokes);
+        # anything else goes through the field checks, which say what is wrong.
+        if not (
+            type(request_id) is str
+            and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS
+            and type(outcome) is str
+            and outcome in ACK_OUTCOMES
+            and (message is None or type(message) is str)
+        ):
+            request_id = _field(raw, "requestId", _is_request_id, _REQUEST_ID)
+            outcome = _field(raw, "outcome", _is_ack_outcome, " or ".join(ACK_OUTCOMES))
+            message = _optional(raw, "message", _is_str, "a valid string")
         if outcome in ("stale", "invalid"):
             detail = f": {message[:500]}" if message else ""
             log("warn", f"server refused the result of {request_id!r} ({outcome}){detail}")
@@ -753,24 +816,20 @@ class Session:
         self._store_result(call.request_id, result)
 
     def _store_result(self, request_id: str, result: str) -> None:
-        self._results.put(request_id, result)
-        while len(self._results) > self.completed_cache_size:
-            self._results.pop_oldest()
+        self._results.put_within(request_id, result, self.completed_cache_size)
         self._put_in_outbox(request_id, result)
 
     def _put_in_outbox(self, request_id: str, result: str) -> None:
-        self._outbox.put(request_id, result)
-        while len(self._outbox) > self.completed_cache_size:
-            dropped = self._outbox.pop_oldest()
-            # One line per burst, none per drop: a console flood (or only formatting a
-            # line per result) halves pipelined throughput in the browser.
-            if not self._outbox_overflowing:
-                self._outbox_overflowing = True
-                log(
-                    "warn",
-                    f"outbox full ({self.completed_cache_size} unacknowledged results): dropping "
-                    f"the oldest, starting with {dropped!r}, until acks make room",
-                )
+        dropped = self._outbox.put_within(request_id, result, self.completed_cache_size)
+        # One line per burst, none per drop: a console flood (or only formatting a
+        # line per result) halves pipelined throughput in the browser.
+        if dropped is not None and not self._outbox_overflowing:
+            self._outbox_overflowing = True
+            log(
+                "warn",
+                f"outbox full ({self.completed_cache_size} unacknowledged results): dropping "
+                f"the oldest, starting with {dropped!r}, until acks make room",
+            )
         self._outbox_revision += 1
         self._outbox_added += 1
         if self.connected:

@@ -181,19 +181,57 @@ def _one_of(options: "list[Any]") -> "Checker":
     return check
 
 
+def _is_integer(value: object) -> bool:
+    if type(value) is int:  # exact: a bool is no integer here
+        return True
+    return _has_type(value, "integer")
+
+
+#: One test per type name, chosen when the schema is compiled: an invoke then makes
+#: one call per value, not a walk through every name `_has_type` knows.
+_TYPE_TESTS: "dict[str, Callable[[object], bool]]" = {
+    "string": lambda value: isinstance(value, str),
+    "integer": _is_integer,
+    "number": is_number,
+    "boolean": lambda value: isinstance(value, bool),
+    "array": lambda value: isinstance(value, list),
+    "object": lambda value: isinstance(value, dict),
+    "null": lambda value: value is None,
+}
+
+
+def _anything(value: object) -> bool:
+    return True  # an unknown type name constrains nothing (as in `_has_type`)
+
+
 def _type(names: "list[Any]") -> "Checker":
     first = names[0] if names else "null"
     kind, msg = _TYPE_ERRORS.get(first, ("type_error", f"Input should be {first}"))
+    tests = [
+        _TYPE_TESTS.get(name, _anything) if isinstance(name, str) else _anything for name in names
+    ]
 
-    def check(value: object, loc: "list[Any]", errors: "list[Error]") -> None:
-        for name in names:
-            if _has_type(value, name):
-                return
+    def fail(value: object, loc: "list[Any]", errors: "list[Error]") -> None:
         if first == "integer" and isinstance(value, float):
             fraction = "Input should be a valid integer, got a number with a fractional part"
             errors.append(_error("int_from_float", loc, fraction, value))
         else:
             errors.append(_error(kind, loc, msg, value))
+
+    if len(tests) == 1:  # the common schema: one type name, one test per value
+        test = tests[0]
+
+        def check_one(value: object, loc: "list[Any]", errors: "list[Error]") -> None:
+            if not test(value):
+                fail(value, loc, errors)
+
+        return check_one
+
+    def check(value: object, loc: "list[Any]", errors: "list[Error]") -> None:
+        for test in tests:
+            if test(value):
+                return
+        fail(value, loc, errors)
 
     return check
 

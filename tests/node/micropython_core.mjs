@@ -113,6 +113,17 @@ try:
     raise AssertionError("a global scope without a document passed for a page")
 except webmcp.WebMCPUnavailable as exc:
     assert "not in a worker" in str(exc)
+
+# The WebAssembly build collects after every 16 KiB allocated, which cost more than the
+# invokes did: a client raises the threshold, never lowers it, keeps -1 (disabled).
+import gc
+from clienttools import mpy
+before = gc.threshold()
+for chosen, expected in ((16384, mpy.GC_THRESHOLD), (4 << 20, 4 << 20), (-1, -1)):
+    gc.threshold(chosen)
+    mpy._raise_gc_threshold()
+    assert gc.threshold() == expected, (chosen, gc.threshold())
+gc.threshold(before)
 print("micropython core: ok")
 `;
 try {
