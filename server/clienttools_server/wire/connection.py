@@ -4,7 +4,11 @@ Every frame is parsed with the shared :mod:`clienttools.protocol`; a malformed
 one is answered with ``cf_agent_protocol_error`` and the socket stays open,
 unless malformed frames come in a flood (close 1008). A frame over the size
 limit closes the socket with 1009. Frames out go through one queue and one
-writer task, so runs, timers and acks never interleave partial sends.
+writer task, so runs, timers and acks never interleave partial sends; the
+writer sends what the queue holds in one socket write. Pings and pongs, which
+keep no order with other frames, skip the queues: the process's one pinger
+(:mod:`~clienttools_server.wire.keepalive`) writes a ping straight to an idle
+socket, and a pong is read where it arrives.
 
     principal = await authorize(websocket) if admitted(websocket, config) else None
     if principal is None:
