@@ -13,12 +13,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from clienttools.protocol import InvokeFrame, ToolApprovalFrame, ToolSpec, WireModel
+from clienttools.protocol import (
+    InvokeFrame,
+    ResultAckFrame,
+    ToolApprovalFrame,
+    ToolResultFrame,
+    ToolSpec,
+    WireModel,
+)
 from clienttools_server.agent.journal import RequestedCall
 from clienttools_server.calls.approvals import Approvals
 from clienttools_server.calls.proxy import CallProxy, DeliveryState
 from clienttools_server.config import ServerConfig
-from clienttools_server.ledger import Outcome, Step
+from clienttools_server.ledger import Outcome, SqliteLedger, Step
 
 
 def pending_step(resolution: str = "client") -> Step:
@@ -120,3 +127,58 @@ async def test_an_approval_answered_while_its_mark_is_written_wakes_the_run() ->
     problem = await approvals.on_approval(Page("A"), frame)  # type: ignore[arg-type]
     assert problem is None
     await asyncio.wait_for(waiting, 1)
+
+
+async def test_a_result_that_comes_before_the_replayed_call_registers_still_wakes_the_run() -> (
+    None
+):
+    # A run taken over from another process replays its pending call: it reads the
+    # step (pending), and only then registers the call. The page's result comes in
+    # between: no entry, so it is applied to the ledger alone. The call then
+    # registers and delivers again; the page sends its stored result once more,
+    # which finds the step settled: the run must wake, not wait for ever.
+    async with SqliteLedger(":memory:") as ledger:
+        execution = await ledger.start_execution("s1", '{"messages":[]}', 1.0)
+        step = await ledger.record_step(
+            execution.id, 0, "tool", "t", "{}", "client", 1.0, request_id="r" * 32
+        )
+        page = Page("A")
+
+        async def find_peer(session: str, tool: str) -> Page:
+            return page
+
+        tools = CallProxy(ledger, ServerConfig(port=0), find_peer, durable=True)  # type: ignore[arg-type]
+        result = ToolResultFrame(request_id="r" * 32, output={"ok": True})
+        first = await tools.results.on_result(page, result)  # type: ignore[arg-type]
+        assert first.outcome == "applied"
+        started = await tools.start("s1", step, RequestedCall("call-1", "t", {}))
+        assert [type(f) for f in page.sent] == [InvokeFrame]
+        again = await tools.results.on_result(page, result)  # type: ignore[arg-type]
+        assert isinstance(again, ResultAckFrame) and again.outcome == "duplicate"
+        settled = await asyncio.wait_for(started.wait(), 1)
+        assert settled is not None and settled.state == "applied"
+        assert started.entry.state is DeliveryState.APPLIED
+        await tools.close()
+
+
+async def test_a_run_handed_over_to_another_process_delivers_nothing_here() -> None:
+    # The lease was lost: the new owner delivers the call. A page that registers
+    # here afterwards gets no invoke from this process, and no attempt is written.
+    ledger = SlowLedger()
+    old, new = Page("A"), Page("B")
+    registered: dict[str, Page] = {"page": old}
+
+    async def find_peer(session: str, tool: str) -> Page:
+        return registered["page"]
+
+    tools = CallProxy(ledger, ServerConfig(port=0), find_peer, durable=True)  # type: ignore[arg-type]
+    started = await tools.start("s1", pending_step(), RequestedCall("call-1", "t", {}))
+    assert ledger.attempts == 1
+    tools.handed_over.add("run-1")
+    old.is_open = False
+    registered["page"] = new
+    await tools.on_registered(new)
+    await tools.relay.registered_elsewhere("s1")
+    assert new.sent == [] and ledger.attempts == 1
+    await started.abandon()
+    await tools.close()

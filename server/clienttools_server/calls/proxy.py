@@ -250,6 +250,8 @@ class CallProxy:
             entry.target.send(CancelFrame(request_id=entry.request_id, reason=reason))
 
     async def deliver(self, entry: PendingCall) -> None:
+        if entry.execution_id in self.handed_over:
+            return  # its run went on in another process, which delivers the call
         entry.deliveries += 1
         delivery = entry.deliveries
 

@@ -146,7 +146,13 @@ class Results:
         by_page: bool,
         entry: PendingCall | None,
     ) -> Applied:
-        """The outcome for a step settled already: `duplicate` if settled this way, else `stale`."""
+        """The outcome for a step settled already: `duplicate` if settled this way, else `stale`.
+
+        A live entry still waiting for that step wakes now. Its step was settled
+        by a path that found no entry: a page's result that came while the run
+        was between reading the step (pending) and registering the call, so
+        nothing would wake the run, and every result after it is late too.
+        """
         message = f"step {step.seq} of execution {step.execution_id} is already {step.state}"
         by_server = settled_by_server(step)
         if by_page:
@@ -159,6 +165,13 @@ class Results:
             # after an output, an error after an error that was not the server's.
             same_kind = (step.state == "applied") == (settlement.error is None)
             stale = by_server or not same_kind
+        if entry is not None and not entry.settled:
+            event = (
+                DeliveryEvent.SERVER if by_server
+                else DeliveryEvent.RESULT if by_page
+                else DeliveryEvent.OUTSIDE
+            )  # fmt: skip
+            self.proxy.mark_settled(entry, step, event)
         return Applied("stale" if stale else "duplicate", "not_pending", message, step)
 
     def _check_output(
