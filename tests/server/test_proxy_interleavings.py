@@ -129,9 +129,7 @@ async def test_an_approval_answered_while_its_mark_is_written_wakes_the_run() ->
     await asyncio.wait_for(waiting, 1)
 
 
-async def test_a_result_that_comes_before_the_replayed_call_registers_still_wakes_the_run() -> (
-    None
-):
+async def test_a_result_that_comes_before_the_replayed_call_registers_still_wakes_the_run() -> None:
     # A run taken over from another process replays its pending call: it reads the
     # step (pending), and only then registers the call. The page's result comes in
     # between: no entry, so it is applied to the ledger alone. The call then
