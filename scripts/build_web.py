@@ -63,6 +63,7 @@ MPY_MODULES = (
     "portable.py",
     "events.py",
     "outcomes.py",
+    "recent.py",
     "core.py",
     "supervisor.py",
     "outbox.py",

@@ -51,7 +51,7 @@ code does instead: no `typing`, `__future__`, `dataclasses`, `enum`, `uuid`
 (plain classes, tuples, `crypto.randomUUID()`); no docstrings or annotations kept
 (declared schemas and descriptions); `[*a, b]` and `{**d}` do not parse
 (concatenation); `re` has no `{m,n}` (rules.is_tool_name); plain dicts keep no
-order and OrderedDict scans linearly (core's `_Recent`); no builtin `TimeoutError`; bool
+order and OrderedDict scans linearly (clienttools.recent); no builtin `TimeoutError`; bool
 is not an int; `json.dumps` writes NaN as `nan` and has no `allow_nan`
 (context.json_problem); asyncio tasks have no done callbacks (each run reports its
 own end) and `asyncio.wait_for` fails under the page's top-level await (a

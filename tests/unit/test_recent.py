@@ -1,7 +1,7 @@
-"""The core's ordered result store on MicroPython (`_ScanFreeRecent`) against an OrderedDict.
+"""The core's ordered result store on MicroPython (`ScanFreeRecent`) against an OrderedDict.
 
-MicroPython runs `_ScanFreeRecent` (its OrderedDict scans on every lookup); CPython
-runs `_OrderedRecent`. Both are plain Python, so CPython checks here that the
+MicroPython runs `ScanFreeRecent` (its OrderedDict scans on every lookup); CPython
+runs `OrderedRecent`. Both are plain Python, so CPython checks here that the
 MicroPython one keeps the same order and contents as an OrderedDict through any mix
 of puts, moves to the end, pops (acks, in and out of order) and drops of the oldest.
 """
@@ -13,10 +13,10 @@ from collections import OrderedDict
 
 import pytest
 
-from clienttools.core import _OrderedRecent, _ScanFreeRecent
+from clienttools.recent import OrderedRecent, ScanFreeRecent
 
 
-@pytest.mark.parametrize("store_class", [_ScanFreeRecent, _OrderedRecent])
+@pytest.mark.parametrize("store_class", [ScanFreeRecent, OrderedRecent])
 @pytest.mark.parametrize("seed", range(5))
 def test_the_store_matches_an_ordered_dict(store_class: type, seed: int) -> None:
     rng = random.Random(seed)
