@@ -606,8 +606,9 @@ class ToolClient(ClientStatus):
 
         Called after every input to the session. `more` says that further frames
         of one batch follow at once: only the events are carried out, and the last
-        frame's call writes and sends for the whole batch. The outbox is saved
-        before anything is sent, so a result is in the store before it leaves.
+        frame's call writes and sends for the whole batch. The outbox writer is
+        told before anything is sent (outbox.py: where nothing saves it at the
+        page's end, a result is in the store before it leaves).
         Not re-entrant: a sync tool that changes the registry while it runs only
         queues work for the outer loop.
         """

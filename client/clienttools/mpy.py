@@ -368,9 +368,14 @@ class ToolClient(ClientStatus):
         worker = hasattr(js, "WorkerGlobalScope")  # in a PyScript worker: clienttools.worker
         if storage is None:
             storage = _worker_storage(js) if worker else js.sessionStorage
-        # The writer of the Pyodide flavour too: results stored before they are sent (C11).
+        # The writer of the Pyodide flavour too (C11). On the main thread the page's end
+        # saves it (_on_page_hide), so results are batched; a worker stores each one
+        # before it is sent.
         self._outbox = OutboxWriter(
-            self.session, StorageOutbox(url, storage), schedule=self._schedule_save
+            self.session,
+            StorageOutbox(url, storage),
+            schedule=self._schedule_save,
+            page_hide_saves=not worker,
         )
         super().__init__()
         self._connection: _Connection | None = None
@@ -654,7 +659,7 @@ class ToolClient(ClientStatus):
                 events = self.session.events()
         finally:
             self._pumping = False
-        self._outbox.save_soon()  # a result is stored before it leaves (C11)
+        self._outbox.save_soon()  # in a worker, a result is stored before it leaves (C11)
         frames = self.session.frames_to_send()
         connection = self._connection
         if frames and connection is not None:

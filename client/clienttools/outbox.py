@@ -1,17 +1,24 @@
 """`OutboxWriter`: keeps the session's unacknowledged results in an `OutboxStore`.
 
-A new result is written before it is sent: `save_soon()` writes at once when the
-session put a result in the outbox since the last write (`Session.outbox_added`),
-and the client calls it before it sends. An ack only removes a result, and a
-store that still holds an acknowledged result is harmless (a reload re-sends it;
-the server answers `duplicate`, and a re-delivered invoke gets the stored result,
-C7), so removals wait up to `OUTBOX_SAVE_DELAY` and are written together, or with
-the next result. Closing the client, and in the browser hiding or leaving the
-page, write at once too. A burst of invokes handled in one go (the browser
-socket's batches) is one write, before the burst's results go out.
+Where the page's end writes the store (the main thread's `sessionStorage`: a
+`pagehide` or a hidden page calls `save()`, see `page_hide_saves`), every change
+waits up to `OUTBOX_SAVE_DELAY` and the changes are written together. A result
+acknowledged within that time, which is nearly every result of a live
+connection, is never written at all: a `sessionStorage` write was the largest
+cost in the browser's round trip and, through the browser process, in its tail.
+A reload or a navigation still finds every unacknowledged result in the store,
+since `pagehide` comes first. Only a renderer crash within those 20 ms loses a
+result; the server then delivers the call again and the tool runs again.
 
-A `sessionStorage` write is the largest single cost of the browser's round
-trip, so there is one per result, not one per change.
+Where nothing tells the writer that the page ends (a PyScript worker, whose page
+reloads without a word to it), a new result is written before it is sent:
+`save_soon()` writes at once when the session put a result in the outbox since
+the last write (`Session.outbox_added`), and the client calls it before it sends.
+Removals still wait for the timer there: a store that still holds an acknowledged
+result is harmless (a reload re-sends it; the server answers `duplicate`, and a
+re-delivered invoke gets the stored result, C7). A burst of invokes handled in one
+go (the browser socket's batches) is one write, before the burst's results go out.
+Closing the client writes at once.
 
 Both flavours use this writer (it runs on CPython, Pyodide and MicroPython 1.27,
 in the subset of rules.py); each says how to arm its timer (`schedule`: by default
@@ -21,7 +28,7 @@ the running asyncio loop's `call_later`; mpy.py's is `setTimeout`).
     writer.restore()        # once, before the first connection
     ...
     writer.save_soon()      # after every input to the session, before sending
-    writer.save()           # on close
+    writer.save()           # on close, and when the page is hidden or left
 """
 
 from clienttools.portable import log, log_exception
@@ -41,18 +48,24 @@ OUTBOX_SAVE_DELAY = 0.02
 
 
 class OutboxWriter:
-    """Writes `session`'s outbox to `store`: new results at once, removals batched."""
+    """Writes `session`'s outbox to `store`: batched, or new results at once (see above)."""
 
     def __init__(
         self,
         session: "Session",
         store: "OutboxStore",
         schedule: "Callable[[float, Callable[[], None]], Any] | None" = None,
+        page_hide_saves: bool = False,
     ) -> None:
-        """`schedule(delay, callback)` arms a timer and returns a handle with `cancel()`."""
+        """`schedule(delay, callback)` arms a timer and returns a handle with `cancel()`.
+
+        `page_hide_saves`: the page's end calls `save()` (a store that can say so,
+        the browser's, turns it on in `restore()`); new results are then batched too.
+        """
         self.session = session
         self.store = store
         self._schedule = schedule or _call_later
+        self.page_hide_saves = page_hide_saves
         self._restored = False
         self._saved_revision = session.outbox_revision
         self._saved_added = session.outbox_added
@@ -75,19 +88,21 @@ class OutboxWriter:
                 log("info", f"restored {restored} unacknowledged results")
         self._saved_revision = self.session.outbox_revision
         self._saved_added = self.session.outbox_added
-        self._saved_text = text
+        # An empty store says what an empty outbox's text says: nothing to write for it.
+        self._saved_text = text or self.session.export_outbox()
         # Removals are batched; a store that can tell when the page goes away (the
         # browser's) gets a chance to write what is still waiting.
         if hasattr(self.store, "flush_on_page_hide"):  # transport.FlushesOnPageHide
             self.store.flush_on_page_hide(self.save)
+            self.page_hide_saves = True
 
     def save_soon(self) -> None:
-        """Write a new result at once; leave a change that only removed results for the timer."""
+        """Leave the change for the timer; without `page_hide_saves`, write a new result now."""
         session = self.session
         if session.outbox_revision == self._saved_revision:
             return
         added = session.outbox_added - self._saved_added
-        if added and session.outbox_size <= added:
+        if added and not self.page_hide_saves and session.outbox_size <= added:
             self.save()  # the first results waiting (every one in the outbox is new)
         elif self._timer is None:
             # One timer for many acks: a write (and the next result's write) leaves it

@@ -193,6 +193,15 @@ def outbox(page: Page, server: DurableServer) -> list[str]:
     return [e["requestId"] for e in json.loads(text)["results"]] if text else []
 
 
+def wait_outbox(page: Page, server: DurableServer, request_id: str, *, held: bool) -> None:
+    """Until the stored outbox holds (or no longer holds) the result: its writes are
+    batched, 20 ms after a change (outbox.py)."""
+    deadline = time.monotonic() + 5
+    while (request_id in outbox(page, server)) != held:
+        assert time.monotonic() < deadline, f"{request_id} held={not held} in the stored outbox"
+        time.sleep(0.02)
+
+
 def report(scenario: str, runs: dict[str, Any]) -> None:
     logger.warning("run counts, %s: attempts started %s, finished %d",
                    scenario, runs["attempts"], runs["done"])  # fmt: skip
@@ -290,7 +299,7 @@ def test_sigkill_while_the_tool_runs(
     # The tool finishes while no server is up: its result waits in the outbox.
     set_gate(page, "open")
     wait_state(page, f"s => s.runs['{request_id}'].done === 1")
-    assert request_id in outbox(page, server)
+    wait_outbox(page, server, request_id, held=True)
     assert server.step(request_id)["state"] == "pending"
     server.start()
     st = wait_chat_done(page, turns=2)
@@ -360,7 +369,7 @@ def test_reload_after_the_tool_finished_before_the_ack(
     assert acks(page, request_id) == [
         {"requestId": request_id, "outcome": "applied", "dropped": True}
     ]
-    assert request_id in outbox(page, server)
+    wait_outbox(page, server, request_id, held=True)
     page.evaluate("sessionStorage.setItem('drop_acks', '0')")
     page.reload()
     wait_loaded(page)
@@ -375,7 +384,7 @@ def test_reload_after_the_tool_finished_before_the_ack(
     runs = state(page)["runs"][request_id]
     report("reload after the tool finished, before the ack", runs)
     assert runs == {"attempts": [1], "done": 1}
-    assert request_id not in outbox(page, server)
+    wait_outbox(page, server, request_id, held=False)
     assert server.step(request_id)["attempts"] == 1  # nothing was re-delivered
     baseline["runs"].add(request_id)
 

@@ -1,4 +1,6 @@
-"""OutboxWriter: a new result is in the store before it is sent; acks are written batched."""
+"""OutboxWriter: where nothing saves it at the page's end, a new result is in the store
+before it is sent and acks are written batched; where the page's end saves it, every
+change is batched and a result acknowledged in time is never written."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import json
 from collections.abc import Callable
 
 from clienttools.client import ToolClient
-from clienttools.outbox import OutboxWriter
+from clienttools.outbox import OUTBOX_SAVE_DELAY, OutboxWriter
 from clienttools.session import Session
 from clienttools.tools import ToolRegistry
 from clienttools.transport import MemoryOutboxStore
@@ -83,6 +85,56 @@ async def test_results_are_written_at_once_and_acks_batched() -> None:
     assert len(store.saves) == 2
     await wait_until(lambda: len(store.saves) == 3, 5, "the batched write")
     assert stored_ids(store) == [], "the batched write carries the ack"
+    writer.cancel()
+
+
+class PageHideStore(RecordingStore):
+    """A store that, like the browser's sessionStorage outbox, is saved when the page ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_page_hide: Callable[[], None] | None = None
+
+    def flush_on_page_hide(self, flush: Callable[[], None]) -> None:
+        self.on_page_hide = flush
+
+
+async def test_where_the_page_end_saves_a_result_acknowledged_in_time_is_never_written() -> None:
+    session = Session(registry(), client_id="page")
+    session.connection_opened(0.0)
+    store = PageHideStore()
+    writer = OutboxWriter(session, store)
+    writer.restore()
+    assert writer.page_hide_saves and store.on_page_hide is not None
+    for i in range(5):  # a live connection: each result acknowledged a moment later
+        answer(session, invoke(f"r{i}"))
+        writer.save_soon()
+        answer(session, ack(f"r{i}"))
+        writer.save_soon()
+    assert store.saves == []
+    await asyncio.sleep(OUTBOX_SAVE_DELAY * 3)
+    assert store.saves == [], "nothing was ever waiting: nothing to write"
+    answer(session, invoke("held"))
+    writer.save_soon()
+    assert store.saves == [], "a new result waits for the timer too"
+    await wait_until(lambda: stored_ids(store) == ["held"], 5, "the batched write")
+    answer(session, invoke("late"))
+    writer.save_soon()
+    store.on_page_hide()  # a reload: pagehide comes before the page goes
+    assert stored_ids(store) == ["held", "late"]
+    writer.cancel()
+
+
+async def test_a_writer_told_that_the_page_end_saves_it_batches_new_results() -> None:
+    session = Session(registry(), client_id="page")
+    session.connection_opened(0.0)
+    store = RecordingStore()
+    writer = OutboxWriter(session, store, page_hide_saves=True)  # mpy.py on the main thread
+    writer.restore()
+    answer(session, invoke("r1"))
+    writer.save_soon()
+    assert store.saves == []
+    await wait_until(lambda: stored_ids(store) == ["r1"], 5, "the batched write")
     writer.cancel()
 
 
