@@ -10,6 +10,9 @@ PORT ?= 8000
 # Any pydantic-ai model name (anthropic:claude-sonnet-4-5, openai:gpt-4o, ...) or scripted.
 MODEL ?= scripted
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist processes, each test file whole in
+# one (each process starts its own Chromium and PostgreSQL): the cores, at most 4.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: all bootstrap postgresql web test check demo bench soak lint clean
 
@@ -45,7 +48,7 @@ web: $(VENV)/.installed node_modules/.installed
 	$(PY) scripts/build_web.py
 
 test: bootstrap web
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # No browser, no Node, no server processes: the sans-I/O cores and the server in this
 # process on real sockets (and the PostgreSQL the tests start, when it is installed).

@@ -2,10 +2,14 @@
 
 Browser tests use pytest-playwright's session-scoped `browser`, launched with the
 settings in playwright.config.py (Debian's Chromium, never a downloaded one).
+`make test` runs the suite in two pytest-xdist processes, a test file in one of them
+as a whole (`--dist loadfile`): each process has its own Chromium and PostgreSQL.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import runpy
 import subprocess
 import sys
@@ -35,8 +39,13 @@ def browser_type_launch_args() -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def web_build() -> Path:
-    """build/web, built (incrementally) if a test run starts without `make web`."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_web.py")], check=True)
+    """build/web, built (incrementally) if a test run starts without `make web`.
+
+    One build at a time: each pytest-xdist process asks for it."""
+    WEB.parent.mkdir(parents=True, exist_ok=True)
+    with open(WEB.parent / ".build-web.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_web.py")], check=True)
     return WEB
 
 
@@ -76,9 +85,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _uses_the_browser(item: pytest.Item) -> bool:
+    return "browser" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Playwright's sync API keeps an event loop running in the main thread for as
-    # long as the session-scoped browser lives; an asyncio test after it cannot
-    # start its own loop. So every test that uses the browser runs last (a stable
-    # sort: each module's browser tests stay together, in file order).
-    items.sort(key=lambda item: "browser" in getattr(item, "fixturenames", ()))
+    # Every test that uses the browser runs last in its process (a stable sort: each
+    # module's browser tests stay together, in file order).
+    items.sort(key=_uses_the_browser)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Run a test that does not use the browser with no event loop marked running.
+
+    Playwright's sync API marks its own loop as the thread's running loop after
+    every call (`asyncio._set_running_loop`), for as long as the session's browser
+    lives; an asyncio test, or an `asyncio.run`, after it could not start a loop. The
+    loop does not run meanwhile (it is parked in Playwright's greenlet), so it is
+    unmarked for the test and marked again after it. With one process that order
+    alone (browser tests last) would do; pytest-xdist hands each process whole files,
+    browser files too, before the last asyncio ones.
+    """
+    parked = None if _uses_the_browser(item) else asyncio._get_running_loop()
+    if parked is None:
+        return (yield)
+    asyncio._set_running_loop(None)
+    try:
+        return (yield)
+    finally:
+        asyncio._set_running_loop(parked)
