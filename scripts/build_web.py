@@ -61,6 +61,7 @@ MPY_MODULES = (
     "errors.py",
     "input_schema.py",
     "portable.py",
+    "jspump.py",
     "events.py",
     "outcomes.py",
     "recent.py",

@@ -25,48 +25,16 @@ from typing import Any
 import js
 from pyodide.ffi import create_proxy, jsnull
 
+from clienttools.jspump import DIRECT_FRAMES, PUMP_SOURCE, TURN_AFTER
 from clienttools.transport import ConnectionFailed
 
 _OPEN = 1
 
 
-#: Frames in a row that `onmessage` hands straight to the receiver before the socket
-#: starts batching. The sequential round trip needs 2 (an ack, then the next invoke).
-DIRECT_FRAMES = 4
-#: The direct frame after which the socket asks for a free turn (a `MessageChannel`
-#: message) to learn that the page is idle again: once per round trip, not per frame.
-TURN_AFTER = 2
-
-# The socket's event handlers in JavaScript, made once per page (`_js_pump`): each frame
-# reaches Python as the string itself (no MessageEvent proxy, no `event.data` lookup),
-# and the burst bookkeeping, the free-turn message and the backlog stay in JavaScript,
-# so a burst reaches Python as one array. This is the Python code below it, moved:
-# per round trip it saves the free-turn message's call into Python and two event
-# proxies.
-_PUMP_SOURCE = """
-return (ws, onFrame, onBatch, onClose, directFrames, turnAfter) => {
-  let direct = 0, backlog = [], turnPosted = false;
-  const channel = new MessageChannel();
-  const port = channel.port2;
-  const turn = () => { if (!turnPosted) { turnPosted = true; port.postMessage(null); } };
-  const drain = () => {
-    if (backlog.length) { const frames = backlog; backlog = []; onBatch(frames); }
-  };
-  channel.port1.onmessage = () => { turnPosted = false; direct = 0; drain(); };
-  ws.onmessage = (event) => {
-    if (backlog.length || direct >= directFrames) { backlog.push(event.data); turn(); return; }
-    direct++;
-    if (direct >= turnAfter) turn();
-    onFrame(event.data);
-  };
-  ws.onclose = (event) => { drain(); onClose(event.code, event.reason); };
-  ws.onerror = () => {};  // a close event always follows
-  return () => {
-    ws.onmessage = null; ws.onclose = null; ws.onerror = null;
-    channel.port1.onmessage = null; channel.port1.close(); backlog = [];
-  };
-};
-"""
+# The socket's handlers in JavaScript (jspump.py): each frame reaches Python as the
+# string itself, and the burst bookkeeping stays in JavaScript, so a burst reaches
+# Python as one array. The Python handlers below are the same logic, for a page whose
+# Content-Security-Policy forbids making functions.
 _pump_factory: Any = None
 
 
@@ -80,7 +48,7 @@ def _js_pump() -> Any:
     global _pump_factory
     if _pump_factory is None:
         try:
-            _pump_factory = js.Function.new(_PUMP_SOURCE)()
+            _pump_factory = js.Function.new(PUMP_SOURCE)()
         except Exception:
             _pump_factory = False
     return _pump_factory or None
@@ -107,7 +75,7 @@ class BrowserSocket:
     burst frame by frame from `onmessage` halves pipelined throughput: a batch
     runs the same code back to back, warm.
 
-    The handlers are JavaScript (`_PUMP_SOURCE`) where the page allows making a
+    The handlers are JavaScript (jspump.py) where the page allows making a
     function, else the same logic in Python (`_on_message`, `_on_turn`).
     """
 

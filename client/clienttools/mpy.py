@@ -82,6 +82,7 @@ from clienttools.errors import (
     ToolsRejected,
 )
 from clienttools.input_schema import compile_schema, is_number
+from clienttools.jspump import DIRECT_FRAMES, PUMP_SOURCE, TURN_AFTER
 from clienttools.outbox import OutboxWriter, StorageOutbox
 from clienttools.supervisor import ClientEvent, ClientStatus
 
@@ -299,6 +300,20 @@ class ToolTable:
 # --- the browser adapter -------------------------------------------------------------------
 
 
+_pump_factory: "Any" = None
+
+
+def _js_pump(js: "Any") -> "Any":
+    """jspump.py's handler factory, made once per page; None where the page forbids it."""
+    global _pump_factory
+    if _pump_factory is None:
+        try:
+            _pump_factory = js.Function.new(PUMP_SOURCE)()
+        except Exception:
+            _pump_factory = False
+    return _pump_factory or None
+
+
 def _worker_storage(js: "Any") -> "Any":
     # Imported only in a worker: a page's main thread never loads the module.
     from clienttools.worker import outbox_storage
@@ -318,6 +333,7 @@ class _Connection:
         self.ended = asyncio.Event()
         self.outcome: ToolsAcknowledged | str | None = None
         self.close_code: int | None = None
+        self.release: Any = None  # drops jspump.py's handlers, where they are used
         self.over = False
 
 
@@ -549,38 +565,61 @@ class ToolClient(ClientStatus):
         def on_open(event: "Any") -> None:
             connection.opened.set()
 
-        def on_message(event: "Any") -> None:
-            self._on_frame(connection, event.data)
+        def on_frame(data: "Any") -> None:
+            self._on_frames(connection, (data,))
 
-        def on_close(event: "Any") -> None:
+        def on_batch(frames: "Any") -> None:
+            self._on_frames(connection, [frames[i] for i in range(frames.length)])
+
+        def closed(code: "Any") -> None:
             try:
-                connection.close_code = int(event.code)
+                connection.close_code = int(code)
             except Exception:
                 connection.close_code = None
             self._end(connection, "the server closed the connection before acknowledging the tools")
             connection.opened.set()
 
+        def on_close(code: "Any", reason: "Any") -> None:
+            closed(code)
+
+        def on_message(event: "Any") -> None:
+            self._on_frames(connection, (event.data,))
+
+        def on_close_event(event: "Any") -> None:
+            closed(event.code)
+
         def on_error(event: "Any") -> None:
             pass  # a close event always follows
 
-        for attribute, handler in (
-            ("onopen", on_open),
-            ("onmessage", on_message),
-            ("onclose", on_close),
-            ("onerror", on_error),
-        ):
-            proxy = self._proxy_of(handler)
-            connection.proxies.append(proxy)
-            self.proxies_created += 1
-            setattr(ws, attribute, proxy)
+        ws.onopen = self._connection_proxy(connection, on_open)
+        pump = _js_pump(self._js)
+        if pump is not None:  # the handlers of jspump.py: a burst comes as one array
+            handlers = (on_frame, on_batch, on_close)
+            proxies = [self._connection_proxy(connection, handler) for handler in handlers]
+            connection.release = pump(ws, *proxies, DIRECT_FRAMES, TURN_AFTER)
+        else:  # the page forbids making functions: a frame per message event
+            ws.onmessage = self._connection_proxy(connection, on_message)
+            ws.onclose = self._connection_proxy(connection, on_close_event)
+            ws.onerror = self._connection_proxy(connection, on_error)
         return connection
 
-    def _on_frame(self, connection: "_Connection", data: "Any") -> None:
-        # Runs inside the socket's onmessage: an exception here would be a page error.
+    def _connection_proxy(self, connection: "_Connection", handler: "Any") -> "Any":
+        proxy = self._proxy_of(handler)
+        connection.proxies.append(proxy)
+        self.proxies_created += 1
+        return proxy
+
+    def _on_frames(self, connection: "_Connection", frames: "Any") -> None:
+        # Runs inside the socket's onmessage (or the burst's task): an exception here
+        # would be a page error. A burst's frames are all received, then carried out,
+        # stored and sent in one pump.
         if connection is not self._connection:
             return
         try:
-            self.session.receive_frame(data if isinstance(data, str) else b"", self._now())
+            receive, now = self.session.receive_frame, self._now()
+            for data in frames:
+                receive(data if isinstance(data, str) else b"", now)
+                self._pump(more=True)
             self._pump()
         except Exception as exc:
             _log("error", f"handling a frame failed: {exc!r}")
@@ -603,8 +642,11 @@ class ToolClient(ClientStatus):
         if self._connection is connection:
             self._connection = None
         ws = connection.ws
-        for attribute in ("onopen", "onmessage", "onclose", "onerror"):
-            setattr(ws, attribute, None)
+        ws.onopen = None
+        if connection.release is not None:
+            connection.release()
+        else:
+            ws.onmessage = ws.onclose = ws.onerror = None
         try:
             if ws.readyState <= _OPEN:
                 ws.close(code, reason)
@@ -646,8 +688,12 @@ class ToolClient(ClientStatus):
 
     # --- carrying out what the session asks ----------------------------------------------
 
-    def _pump(self) -> None:
-        """Carry out the session's events, save the outbox, send its frames, re-arm the timer."""
+    def _pump(self, more: bool = False) -> None:
+        """Carry out the session's events, save the outbox, send its frames, re-arm the timer.
+
+        `more`: further frames of one burst follow at once; only the events are
+        carried out, and the last frame's call stores and sends for the whole burst.
+        """
         if self._pumping:
             return
         self._pumping = True
@@ -659,6 +705,8 @@ class ToolClient(ClientStatus):
                 events = self.session.events()
         finally:
             self._pumping = False
+        if more:
+            return
         self._outbox.save_soon()  # in a worker, a result is stored before it leaves (C11)
         frames = self.session.frames_to_send()
         connection = self._connection
