@@ -2,6 +2,7 @@
 
     python -m bench.profile core      # pyinstrument on the sans-I/O core under CPython
     python -m bench.profile page      # cProfile inside the clienttools page + a CDP CPU profile
+    python -m bench.profile page --page micropython  # the MicroPython page: the CDP profile
     python -m bench.profile start     # the SDK's start-up in Chromium: packages, imports, tools
     python -m bench.profile roundtrip # figures 1 and 2 only, the pages loaded once, many rounds
 
@@ -109,31 +110,43 @@ _out.getvalue()
 """
 
 
-def _page(n: int) -> None:
+def _page(n: int, name: str) -> None:
     from tests.support.static import StaticServer
 
     from bench.browser import Browser, LoadGen
 
+    web = ROOT / "build" / "web"
     static = StaticServer(
-        {"/": ROOT / "bench" / "pages", "/pyodide/": ROOT / "build" / "web" / "pyodide"}
+        {
+            "/": ROOT / "bench" / "pages",
+            "/pyodide/": web / "pyodide",
+            "/pyscript/": web / "pyscript",
+            "/micropython/": web / "micropython",
+        }
     ).start()
+    # The MicroPython page has no cProfile: only the V8 profile, where its interpreter
+    # is wasm and the proxies between it and JavaScript are JS.
+    steps = 4 if name == "clienttools" else 3
     try:
         budget = bounded.current()
         with LoadGen() as loadgen, Browser(static.url, loadgen) as browser:
-            budget.step("load the clienttools page", 1, 4)
+            budget.step(f"load the {name} page", 1, steps)
             context = browser.new_context()
-            page = browser.load(context, "clienttools", "profile")
+            page = browser.load(context, name, "profile")
             loadgen.call("pipelined", "profile", n=500, window=100)  # warm up
-            budget.step(f"{n} invokes without a profiler", 2, 4)
+            budget.step(f"{n} invokes without a profiler", 2, steps)
             plain = loadgen.call("pipelined", "profile", n=n, window=100)
             sys.stdout.write(f"page: {plain['per_s']:.0f} invokes/s without a profiler\n")
-            budget.step(f"{n} invokes under cProfile", 3, 4)
-            page.page.evaluate("(code) => window.pyodide.runPython(code)", PROFILE_START)
-            loadgen.call("pipelined", "profile", n=n, window=100)
-            stats = page.page.evaluate("(code) => window.pyodide.runPython(code)", PROFILE_STOP)
-            sys.stdout.write("\n--- Python under Pyodide (cProfile, by own time) ---\n")
-            sys.stdout.write(str(stats))
-            budget.step(f"{n} invokes under the V8 sampling profiler", 4, 4)
+            if name == "clienttools":
+                budget.step(f"{n} invokes under cProfile", 3, steps)
+                page.page.evaluate("(code) => window.pyodide.runPython(code)", PROFILE_START)
+                loadgen.call("pipelined", "profile", n=n, window=100)
+                stats = page.page.evaluate(
+                    "(code) => window.pyodide.runPython(code)", PROFILE_STOP
+                )
+                sys.stdout.write("\n--- Python under Pyodide (cProfile, by own time) ---\n")
+                sys.stdout.write(str(stats))
+            budget.step(f"{n} invokes under the V8 sampling profiler", steps, steps)
             page.cdp.send("Profiler.enable")
             page.cdp.send("Profiler.setSamplingInterval", {"interval": 100})
             page.cdp.send("Profiler.start")
@@ -462,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     core.add_argument("-n", type=bounded.positive_int, default=3000, help="invokes to profile")
     page = modes.add_parser("page", help="cProfile inside the page + a CDP CPU profile")
     page.add_argument("-n", type=bounded.positive_int, default=3000, help="invokes to profile")
+    page.add_argument(
+        "--page",
+        dest="page_name",
+        choices=("clienttools", "micropython"),
+        default="clienttools",
+        help="the Pyodide page (cProfile and V8) or the MicroPython one (V8 only)",
+    )
     start = modes.add_parser("start", help="the SDK's start-up in Chromium, per cold load")
     # --rounds: what a user tries first; a round of `start` is one cold load of each page.
     start.add_argument("-n", "--loads", "--rounds", dest="loads", type=bounded.positive_int,
@@ -502,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "start":
             _start(args.loads, args.json, args.marginal, args.cprofile, args.baseline)
         else:
-            _page(args.n)
+            _page(args.n, args.page_name)
         return 0
 
     return bounded.run(parser.prog, args.time_limit, body)

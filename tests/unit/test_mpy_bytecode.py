@@ -49,3 +49,23 @@ def test_a_module_that_does_not_compile_stops_the_build_with_one_line(tmp_path: 
         BUILD["compile_mpy"](broken, tmp_path / "broken.mpy")
     message = str(stopped.value)
     assert message.startswith("build_web: mpy-cross failed on ") and "SyntaxError" in message
+
+
+def test_the_interpreter_glue_loses_its_table_check_and_nothing_else() -> None:
+    npm = ROOT / "node_modules" / "@micropython" / "micropython-webassembly-pyscript"
+    if not (npm / "micropython.mjs").is_file():
+        pytest.skip("node_modules is not installed (make does it)")
+    text = (npm / "micropython.mjs").read_text(encoding="utf-8")
+    glue = BUILD["micropython_glue"](text)
+    check = BUILD["MPY_GLUE_CHECK"]
+    assert check in text and check not in glue
+    at = text.index(check)
+    assert glue == text[:at] + text[at + len(check) :]
+    assert "wasmTableMirror[funcPtr]=func=wasmTable.get(funcPtr)" in glue  # the lookup stays
+
+
+def test_a_glue_without_the_check_stops_the_build_with_one_line() -> None:
+    with pytest.raises(SystemExit) as stopped:
+        BUILD["micropython_glue"]("var getWasmTableEntry=funcPtr=>wasmTable.get(funcPtr);")
+    message = str(stopped.value)
+    assert message.startswith("build_web: micropython.mjs no longer has") and "\n" not in message
