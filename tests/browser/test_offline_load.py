@@ -74,9 +74,20 @@ def test_lock_lists_exactly_the_shipped_wheels() -> None:
 
 
 def test_micropython_flavour_loads_offline(browser: Browser, static_server: StaticServer) -> None:
+    before = len(static_server.requests)  # the server lives for the session
     status, blocked, console = load(browser, f"{static_server.url}/load_micropython.html")
     assert status.startswith("clienttools.mpy ready"), (status, console)
     assert status.endswith("micropython 1.27.0"), status
     assert blocked == [], f"the page tried to reach other hosts: {blocked}"
-    assert any(r.endswith("/micropython/micropython.wasm") for r in static_server.requests)
-    assert any(r.endswith("/micropython/clienttools/mpy.mpy") for r in static_server.requests)
+    # The page loads preload.js (build_web's MPY_PRELOAD) first: each file is still
+    # fetched once, PyScript's fetches served from the preloads.
+    assets = [r for r in static_server.requests[before:] if r.startswith("/micropython/")]
+    assert "/micropython/micropython.wasm" in assets and "/micropython/preload.js" in assets
+    assert "/micropython/clienttools/mpy.mpy" in assets
+    assert sorted(assets) == sorted(set(assets)), f"fetched twice: {assets}"
+    # ... and the modules were asked for before PyScript's core had loaded its own
+    # chunks, which is where PyScript alone would only begin to read its config.
+    seen = static_server.requests[before:]
+    first_chunk = next(i for i, r in enumerate(seen) if r.startswith("/pyscript/core-"))
+    last_module = max(i for i, r in enumerate(seen) if r.startswith("/micropython/clienttools/"))
+    assert last_module < first_chunk, seen

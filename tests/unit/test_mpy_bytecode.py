@@ -8,6 +8,8 @@ real interpreter under Node.js.
 
 from __future__ import annotations
 
+import json
+import re
 import runpy
 import shutil
 import subprocess
@@ -69,3 +71,13 @@ def test_a_glue_without_the_check_stops_the_build_with_one_line() -> None:
         BUILD["micropython_glue"]("var getWasmTableEntry=funcPtr=>wasmTable.get(funcPtr);")
     message = str(stopped.value)
     assert message.startswith("build_web: micropython.mjs no longer has") and "\n" not in message
+
+
+def test_the_preload_script_names_every_file_of_the_config_once() -> None:
+    config = json.loads(BUILD["mpy_config"]())
+    script = BUILD["mpy_preload"]()
+    urls = re.findall(r'"(/micropython/[^"]+)"', script.split("(() => {", 1)[1])
+    expected = [config["interpreter"], "/micropython/clienttools.json",
+                "/micropython/micropython.wasm", *config["files"]]  # fmt: skip
+    assert sorted(urls) == sorted(expected) and len(set(urls)) == len(urls)
+    assert f'add("modulepreload", "{config["interpreter"]}")' in script
