@@ -6,7 +6,7 @@ MicroPython's asyncio and `js` need, and why:
 
 - `Tool`: MicroPython keeps no annotations or docstrings and has no pydantic, so
   a tool declares its JSON schemas (checked by input_schema.py) and description,
-  where tools.py builds them from the signature;
+  where function_schema.py builds them from the signature;
 - `ToolClient`: the adapter on `js.WebSocket`, `setTimeout` and `sessionStorage`.
   MicroPython's asyncio has no `call_at`, no done callbacks, no futures, and
   `asyncio.wait_for` fails under the page's top-level await, so the Pyodide

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validat
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from clienttools import protocol
+from clienttools.function_schema import parse_docstring
 from clienttools.tools import (
     InvalidInput,
     InvalidOutput,
@@ -43,7 +44,6 @@ from clienttools.tools import (
     ToolError,
     ToolRegistry,
     error_info,
-    parse_docstring,
 )
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -502,8 +502,8 @@ def test_plain_signatures_have_the_schemas_pydantic_writes(
     arguments = {n: _PLAIN_DEFAULTS.get(tp, 1) for n, tp, d, _ in params if d is _EMPTY}
     fast_arguments = _validated(fast, arguments)
     # The same tool with pydantic making both schemas at registration.
-    monkeypatch.setattr("clienttools.tools._plain_input_schema", lambda fields: None)
-    monkeypatch.setattr("clienttools.tools._PLAIN_RETURNS", {})
+    monkeypatch.setattr("clienttools.function_schema._plain_input_schema", lambda fields: None)
+    monkeypatch.setattr("clienttools.function_schema._PLAIN_RETURNS", {})
     slow = make_tool(fn, name="t")
     assert fast.wire_spec == slow.wire_spec
     assert fast_arguments == _validated(slow, arguments)
