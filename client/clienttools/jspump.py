@@ -19,7 +19,7 @@ allows it) and calls it once per socket:
 The free-turn message is posted after `TURN_AFTER` direct frames, so a sequential
 round trip (an ack, then the next invoke) posts one, not one per frame.
 browser.py (Pyodide) also has the same logic in Python for a page that forbids
-making functions; mpy.py then handles each frame in its `message` event.
+making functions; mpy.py needs none, since PyScript itself needs `eval`.
 """
 
 __all__ = ["DIRECT_FRAMES", "PUMP_SOURCE", "TURN_AFTER"]

@@ -304,14 +304,16 @@ _pump_factory: "Any" = None
 
 
 def _js_pump(js: "Any") -> "Any":
-    """jspump.py's handler factory, made once per page; None where the page forbids it."""
+    """jspump.py's handler factory, made once per page.
+
+    Unlike the Pyodide flavour, this one needs no handlers in Python for a page whose
+    Content-Security-Policy forbids making functions: PyScript itself does not start
+    on such a page (it evaluates strings as JavaScript), so MicroPython never runs there.
+    """
     global _pump_factory
     if _pump_factory is None:
-        try:
-            _pump_factory = js.Function.new(PUMP_SOURCE)()
-        except Exception:
-            _pump_factory = False
-    return _pump_factory or None
+        _pump_factory = js.Function.new(PUMP_SOURCE)()
+    return _pump_factory
 
 
 def _worker_storage(js: "Any") -> "Any":
@@ -333,7 +335,7 @@ class _Connection:
         self.ended = asyncio.Event()
         self.outcome: ToolsAcknowledged | str | None = None
         self.close_code: int | None = None
-        self.release: Any = None  # drops jspump.py's handlers, where they are used
+        self.release: Any = None  # drops jspump.py's handlers
         self.over = False
 
 
@@ -571,7 +573,7 @@ class ToolClient(ClientStatus):
         def on_batch(frames: "Any") -> None:
             self._on_frames(connection, [frames[i] for i in range(frames.length)])
 
-        def closed(code: "Any") -> None:
+        def on_close(code: "Any", reason: "Any") -> None:
             try:
                 connection.close_code = int(code)
             except Exception:
@@ -579,28 +581,11 @@ class ToolClient(ClientStatus):
             self._end(connection, "the server closed the connection before acknowledging the tools")
             connection.opened.set()
 
-        def on_close(code: "Any", reason: "Any") -> None:
-            closed(code)
-
-        def on_message(event: "Any") -> None:
-            self._on_frames(connection, (event.data,))
-
-        def on_close_event(event: "Any") -> None:
-            closed(event.code)
-
-        def on_error(event: "Any") -> None:
-            pass  # a close event always follows
-
         ws.onopen = self._connection_proxy(connection, on_open)
-        pump = _js_pump(self._js)
-        if pump is not None:  # the handlers of jspump.py: a burst comes as one array
-            handlers = (on_frame, on_batch, on_close)
-            proxies = [self._connection_proxy(connection, handler) for handler in handlers]
-            connection.release = pump(ws, *proxies, DIRECT_FRAMES, TURN_AFTER)
-        else:  # the page forbids making functions: a frame per message event
-            ws.onmessage = self._connection_proxy(connection, on_message)
-            ws.onclose = self._connection_proxy(connection, on_close_event)
-            ws.onerror = self._connection_proxy(connection, on_error)
+        # jspump.py's handlers: a frame straight to Python, a burst as one array.
+        handlers = (on_frame, on_batch, on_close)
+        proxies = [self._connection_proxy(connection, handler) for handler in handlers]
+        connection.release = _js_pump(self._js)(ws, *proxies, DIRECT_FRAMES, TURN_AFTER)
         return connection
 
     def _connection_proxy(self, connection: "_Connection", handler: "Any") -> "Any":
@@ -643,10 +628,7 @@ class ToolClient(ClientStatus):
             self._connection = None
         ws = connection.ws
         ws.onopen = None
-        if connection.release is not None:
-            connection.release()
-        else:
-            ws.onmessage = ws.onclose = ws.onerror = None
+        connection.release()
         try:
             if ws.readyState <= _OPEN:
                 ws.close(code, reason)
