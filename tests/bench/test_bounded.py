@@ -65,6 +65,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(entry: list[str], bad: list[str]) -> 
         (["bench.profile", "start", "--rounds", "0"], "0 is not at least 1"),
         (["bench.profile", "roundtrip", "--loads", "3"], "unrecognized arguments: --loads"),
         (["bench", "--only", "everything"], "invalid choice: 'everything'"),
+        (["bench.profile", "page", "--page", "rawjs"], "invalid choice: 'rawjs'"),
         (["bench.fleet", "http://127.0.0.1:1/"], "not a ws:// or wss:// URL"),
         (["bench.ledgers", "--pool-sizes", "1,x"], "'x' is not an integer"),
         (["bench.idle", "--pages", "5", "--holders", "6"], "more than the 5 pages"),
