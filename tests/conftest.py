@@ -2,8 +2,9 @@
 
 Browser tests use pytest-playwright's session-scoped `browser`, launched with the
 settings in playwright.config.py (Debian's Chromium, never a downloaded one).
-`make test` runs the suite in two pytest-xdist processes, a test file in one of them
-as a whole (`--dist loadfile`): each process has its own Chromium and PostgreSQL.
+`make test` runs the suite in one pytest-xdist process per core (at most 4), each
+test file whole in one process (`--dist loadfile`); each process has its own
+Chromium and PostgreSQL.
 """
 
 from __future__ import annotations

@@ -603,6 +603,8 @@ class ToolClient(ClientStatus):
         try:
             receive, now = self.session.receive_frame, self._now()
             for data in frames:
+                if connection.over:
+                    break  # a frame of the burst replaced the connection
                 receive(data if isinstance(data, str) else b"", now)
                 self._pump(more=True)
             self._pump()
