@@ -278,7 +278,7 @@ class Tool:
         """The generated pydantic model of the input (fields aliased by parameter name).
 
         For a signature of plain parameters it is built on first use (the first
-        invoke), not at registration: see `_plain_input_schema`.
+        invoke), not at registration: see `function_schema._plain_input_schema`.
         """
         if self._input_model is None:
             self._input_model = self._make_input_model()
@@ -289,7 +289,7 @@ class Tool:
         """The adapter that validates (when the return is annotated) and dumps the output.
 
         Made on first use for a return that is unannotated or of a plain type: a value
-        of exactly that type never needs it (`_PLAIN_TYPES`).
+        of exactly that type never needs it (`function_schema._PLAIN_TYPES`).
         """
         if self._output is None:
             self._output = self._make_output()
