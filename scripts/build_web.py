@@ -72,6 +72,7 @@ MPY_MODULES = (
     "supervisor.py",
     "outbox.py",
     "webmcp.py",
+    "mpy_tools.py",
     "mpy.py",
     "worker.py",
 )

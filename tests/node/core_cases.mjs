@@ -11,7 +11,7 @@ const mp = await loadMicroPython({
   stderr: (line) => process.stderr.write(line + "\n"),
 });
 mp.FS.mkdirTree("/lib/clienttools");
-for (const name of ["rules.py", "context.py", "errors.py", "input_schema.py", "portable.py", "jspump.py", "events.py", "outcomes.py", "recent.py", "core.py", "supervisor.py", "outbox.py", "webmcp.py", "worker.py", "mpy.py"]) {
+for (const name of ["rules.py", "context.py", "errors.py", "input_schema.py", "portable.py", "jspump.py", "events.py", "outcomes.py", "recent.py", "core.py", "supervisor.py", "outbox.py", "webmcp.py", "worker.py", "mpy_tools.py", "mpy.py"]) {
   mp.FS.writeFile("/lib/clienttools/" + name, fs.readFileSync(new URL(name, client), "utf8"));
 }
 mp.FS.writeFile("/lib/core_cases.py", fs.readFileSync(new URL("../unit/core_cases.py", import.meta.url), "utf8"));
