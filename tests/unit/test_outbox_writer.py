@@ -65,12 +65,18 @@ def answer(session: Session, frame: str) -> None:
         session.tool_returned(run.request_id, run.tool.call(run.arguments, None))  # type: ignore[union-attr]
 
 
-async def test_results_are_written_at_once_and_acks_batched() -> None:
+def connected_writer(store: MemoryOutboxStore, **options: bool) -> tuple[Session, OutboxWriter]:
+    """A session on an open connection and its writer, restored from `store`."""
     session = Session(registry(), client_id="page")
     session.connection_opened(0.0)
-    store = RecordingStore()
-    writer = OutboxWriter(session, store)
+    writer = OutboxWriter(session, store, **options)
     writer.restore()
+    return session, writer
+
+
+async def test_results_are_written_at_once_and_acks_batched() -> None:
+    store = RecordingStore()
+    session, writer = connected_writer(store)
     answer(session, invoke("r1"))
     writer.save_soon()
     assert stored_ids(store) == ["r1"], "a new result is written at once"
@@ -100,11 +106,8 @@ class PageHideStore(RecordingStore):
 
 
 async def test_where_the_page_end_saves_a_result_acknowledged_in_time_is_never_written() -> None:
-    session = Session(registry(), client_id="page")
-    session.connection_opened(0.0)
     store = PageHideStore()
-    writer = OutboxWriter(session, store)
-    writer.restore()
+    session, writer = connected_writer(store)
     assert writer.page_hide_saves and store.on_page_hide is not None
     for i in range(5):  # a live connection: each result acknowledged a moment later
         answer(session, invoke(f"r{i}"))
@@ -126,11 +129,8 @@ async def test_where_the_page_end_saves_a_result_acknowledged_in_time_is_never_w
 
 
 async def test_a_writer_told_that_the_page_end_saves_it_batches_new_results() -> None:
-    session = Session(registry(), client_id="page")
-    session.connection_opened(0.0)
     store = RecordingStore()
-    writer = OutboxWriter(session, store, page_hide_saves=True)  # mpy.py on the main thread
-    writer.restore()
+    session, writer = connected_writer(store, page_hide_saves=True)  # mpy.py's main thread
     answer(session, invoke("r1"))
     writer.save_soon()
     assert store.saves == []
