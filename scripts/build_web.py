@@ -140,6 +140,15 @@ def copy_if_changed(src: Path, dst: Path) -> bool:
     return True
 
 
+def write_if_changed(text: str, dst: Path) -> bool:
+    """`copy_if_changed` for text the build makes (the lock, the MicroPython files)."""
+    if dst.exists() and dst.read_text(encoding="utf-8") == text:
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(text, encoding="utf-8")
+    return True
+
+
 def sync_tree(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> int:
     """Mirror the files of `src` into `dst`; returns how many were (re)copied."""
     if not src.is_dir():
@@ -485,10 +494,7 @@ def build_micropython(node_modules: Path, out: Path) -> int:
     npm = node_modules / "@micropython" / "micropython-webassembly-pyscript"
     copied = int(copy_if_changed(npm / "micropython.wasm", target / "micropython.wasm"))
     glue = micropython_glue((npm / "micropython.mjs").read_text(encoding="utf-8"))
-    glue_path = target / "micropython.mjs"
-    if not glue_path.exists() or glue_path.read_text(encoding="utf-8") != glue:
-        glue_path.write_text(glue, encoding="utf-8")
-        copied += 1
+    copied += write_if_changed(glue, target / "micropython.mjs")
     modules = target / "clienttools"
     with tempfile.TemporaryDirectory() as scratch:
         for name in MPY_MODULES:
@@ -499,11 +505,8 @@ def build_micropython(node_modules: Path, out: Path) -> int:
     shipped = {compiled_name(name) for name in MPY_MODULES}
     for stale in [p for p in modules.iterdir() if p.name not in shipped]:
         stale.unlink()
-    for path, text in ((target / "clienttools.json", mpy_config()),
-                       (target / "preload.js", mpy_preload())):  # fmt: skip
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            copied += 1
+    copied += write_if_changed(mpy_config(), target / "clienttools.json")
+    copied += write_if_changed(mpy_preload(), target / "preload.js")
     return copied
 
 
@@ -525,10 +528,7 @@ def build(out: Path, cache: Path) -> None:
     npm_lock = json.loads((node_modules / "pyodide" / "pyodide-lock.json").read_text())
     lock = lock_for([read_wheel(p) for p in wheel_paths], npm_lock["info"])
     lock_text = json.dumps(lock, indent=2) + "\n"
-    lock_path = out / "pyodide" / "pyodide-lock.json"
-    if not lock_path.exists() or lock_path.read_text() != lock_text:
-        lock_path.write_text(lock_text)
-        copied += 1
+    copied += write_if_changed(lock_text, out / "pyodide" / "pyodide-lock.json")
     where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     log(f"{where} ready ({copied} files updated)")
 
