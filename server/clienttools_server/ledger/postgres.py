@@ -264,8 +264,9 @@ class _PostgresSessions(Connections):
     async def notify(
         self, owner: str, process_id: str | None, kind: str, args: Sequence[str]
     ) -> None:
+        # Sent when the transaction it is part of commits: in a batch, with its commit.
         payload = encode(owner, kind, tuple(args))
-        await self.write_one("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
+        await self.write_later("SELECT pg_notify(%s, %s)", (self.channel(process_id), payload))
 
     def channel(self, process_id: str | None) -> str:
         """The LISTEN channel of one process (None: of every process) in this schema."""
@@ -322,14 +323,15 @@ class _PostgresSessions(Connections):
         self, tx: Transaction, chat_id: str, session: str, now: float
     ) -> tuple[str, int, int]:
         key = escape(chat_id)
-        await tx.execute(
-            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
-            "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
-            (key, escape(session), now),
-        )
-        row = await tx.fetchone(
-            "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE", (key,)
-        )
+        locked = "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE"
+        row = await tx.fetchone(locked, (key,))
+        if row is None:  # a new chat: made at version 0 (unless another process just made it)
+            tx.defer(
+                "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+                "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
+                (key, escape(session), now),
+            )
+            row = await tx.fetchone(locked, (key,))
         assert row is not None
         return _unescape(str(row[0])), int(row[1]), int(row[2])
 
@@ -337,20 +339,19 @@ class _PostgresSessions(Connections):
         self, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str], version: int,
         streaming: str | None, now: float,
     ) -> None:  # fmt: skip
-        key = escape(chat_id)
-        await tx.execute(
-            "DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s", (key, keep)
-        )
-        if messages:
-            await tx.execute(
-                "INSERT INTO chat_messages (chat_id, position, message_json) "
-                "SELECT %s, %s + ord - 1, m FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, ord)",
-                (key, keep, list(messages)),  # JSON text: never a raw NUL
-            )
-        await tx.execute(
-            "UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
-            "updated_at = %s WHERE id = %s",
-            (version, keep + len(messages), streaming, now, key),
+        # One statement: the chat's row; the messages from the new end on, gone; the new
+        # ones written over what was at their positions. Three disjoint sets of rows, so
+        # the order in which PostgreSQL carries out the parts does not matter.
+        key, end = escape(chat_id), keep + len(messages)
+        tx.defer(
+            "WITH chat AS (UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
+            " updated_at = %s WHERE id = %s), "
+            "gone AS (DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s) "
+            "INSERT INTO chat_messages (chat_id, position, message_json) "
+            "SELECT %s, %s + ord - 1, m FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, ord) "
+            "ON CONFLICT (chat_id, position) DO UPDATE SET message_json = EXCLUDED.message_json",
+            # JSON text: never a raw NUL
+            (version, end, streaming, now, key, key, end, key, keep, list(messages)),
         )
 
     async def delete_chat(self, chat_id: str) -> bool:
@@ -469,7 +470,7 @@ class PostgresStore(_PostgresSessions):
         self, tx: Transaction, execution_id: str, status: ExecutionStatus, error: str | None,
         now: float,
     ) -> None:  # fmt: skip
-        await tx.execute(
+        tx.defer(
             "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
             (status, _maybe_escape(error), now, escape(execution_id)),
         )
@@ -477,7 +478,7 @@ class PostgresStore(_PostgresSessions):
     async def settle_pending(
         self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,
     ) -> None:  # fmt: skip
-        await tx.execute(
+        tx.defer(
             "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
             "WHERE execution_id = %s AND state = 'pending'",
             (state, error_json, now, escape(execution_id)),

@@ -72,27 +72,77 @@ DEFAULT_MAX_SIZE = 8
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
 
+_BEGIN: tuple[str, Sequence[object]] = ("BEGIN", ())
+
 
 class Transaction:
-    """Statements on one connection inside an open transaction."""
+    """Statements on one connection in one transaction, begun lazily.
+
+    ``BEGIN``, and every statement deferred (:meth:`defer`: one whose outcome
+    nothing waits for), are sent with the next statement that is awaited, or with
+    ``COMMIT``, in one round trip (psycopg's pipeline mode). A transaction that
+    wrote nothing sends nothing. An error in a deferred statement is raised
+    where they are sent, inside the same transaction, which then rolls back
+    whole, as if it had been raised by the statement itself.
+    """
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self.connection = connection
+        self.begun = False  # BEGIN has been sent
+        self._queued: list[tuple[str, Sequence[object]]] = [_BEGIN]
+
+    @property
+    def open(self) -> bool:
+        """Something was written, or is queued to be."""
+        return self.begun or len(self._queued) > 1
+
+    def defer(self, sql: str, params: Sequence[object] = ()) -> None:
+        """Queue a statement, to be sent with the next one that is awaited, or the commit."""
+        self._queued.append((sql, params))
+
+    async def _send(self, sql: str, params: Sequence[object]) -> psycopg.AsyncCursor[Any]:
+        queued, self._queued = self._queued, []
+        if not queued:
+            return await self.connection.execute(sql, params)
+        self.begun = True
+        async with self.connection.pipeline():
+            for queued_sql, queued_params in queued:
+                await self.connection.execute(queued_sql, queued_params)
+            return await self.connection.execute(sql, params)
 
     async def execute(self, sql: str, params: Sequence[object] = ()) -> int:
         """Run a statement; how many rows it changed."""
-        cursor = await self.connection.execute(sql, params)
+        cursor = await self._send(sql, params)
         return cursor.rowcount
 
     async def fetchone(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
-        cursor = await self.connection.execute(sql, params)
+        cursor = await self._send(sql, params)
         row: tuple[Any, ...] | None = await cursor.fetchone()
         return row
 
     async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        cursor = await self.connection.execute(sql, params)
+        cursor = await self._send(sql, params)
         rows: list[tuple[Any, ...]] = await cursor.fetchall()
         return rows
+
+    async def commit(self) -> None:
+        """Send what is queued and COMMIT (nothing at all if nothing was written)."""
+        if self.open:
+            await self._send("COMMIT", ())
+        self._reset()
+
+    async def rollback(self) -> None:
+        """Drop what is queued; roll back what was sent, unless the connection is gone
+        (then the server rolled back already)."""
+        begun = self.begun
+        self._reset()
+        if begun:
+            with contextlib.suppress(psycopg.OperationalError):
+                await self.connection.execute("ROLLBACK")
+
+    def _reset(self) -> None:
+        self.begun = False
+        self._queued = [_BEGIN]
 
 
 @dataclasses.dataclass(eq=False)
@@ -101,8 +151,7 @@ class _Batch(Batch):
 
     owner: Connections | None = None
     task: asyncio.Task[Any] | None = None  # the task that opened it: the only one that uses it
-    connection: psycopg.AsyncConnection[Any] | None = None
-    open: bool = False  # a transaction is open on the connection
+    tx: Transaction | None = None  # its transaction, on a connection of its own
     rolled_back: bool = False  # a database error rolled back what it had written
     # It ended: a task spawned inside it (its context holds the batch) must not use it.
     closed: bool = False
@@ -135,12 +184,6 @@ async def _alive(connection: psycopg.AsyncConnection[Any]) -> None:
     pgconn.consume_input()  # OperationalError once the socket is closed
     if pgconn.status != psycopg.pq.ConnStatus.OK:
         raise psycopg.OperationalError("the connection is broken")
-
-
-async def _rollback(connection: psycopg.AsyncConnection[Any]) -> None:
-    """Roll back, unless the connection is gone (then the server rolled back already)."""
-    with contextlib.suppress(psycopg.OperationalError):
-        await connection.execute("ROLLBACK")
 
 
 class Connections:
@@ -234,26 +277,18 @@ class Connections:
         return None
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """The batch's connection, or one from the pool for this call."""
-        self.check_open()
-        batch = self.current_batch()
-        if batch is None:
-            with self._unavailable_as_error():
-                async with self._pooled() as connection:
-                    yield connection
-            return
-        assert batch.connection is not None
+    async def _batch_tx(self, batch: _Batch) -> AsyncIterator[Transaction]:
+        """The batch's transaction; a database error in it rolls the whole batch back."""
+        assert batch.tx is not None
         with self._unavailable_as_error():
             try:
-                yield batch.connection
+                yield batch.tx
             except psycopg.Error:
                 # A database error aborts a PostgreSQL transaction: the whole batch
                 # goes, rather than half a call. (Refusals are checked before any
                 # statement, so they never come here and leave the batch alone.)
-                if batch.open:
-                    await _rollback(batch.connection)
-                    batch.open = False
+                if batch.tx.open:
+                    await batch.tx.rollback()
                     batch.rolled_back = True
                 raise
 
@@ -288,29 +323,36 @@ class Connections:
         self._away = False
 
     async def read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        async with self._connection() as connection:
-            cursor = await connection.execute(sql, params)
-            rows: list[tuple[Any, ...]] = await cursor.fetchall()
-            return rows
+        """One statement's rows: in the batch's transaction, or on a pooled connection."""
+        self.check_open()
+        batch = self.current_batch()
+        if batch is not None:
+            async with self._batch_tx(batch) as tx:
+                return await tx.fetchall(sql, params)
+        with self._unavailable_as_error():
+            async with self._pooled() as connection:
+                cursor = await connection.execute(sql, params)
+                rows: list[tuple[Any, ...]] = await cursor.fetchall()
+                return rows
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[Transaction]:
         """One atomic write: its own committed transaction, or a part of the batch's."""
+        self.check_open()
         batch = self.current_batch()
-        async with self._connection() as connection:
-            if batch is not None:
-                if not batch.open:
-                    await connection.execute("BEGIN")
-                    batch.open = True
-                yield Transaction(connection)
-                return
-            await connection.execute("BEGIN")
-            try:
-                yield Transaction(connection)
-            except BaseException:
-                await _rollback(connection)
-                raise
-            await connection.execute("COMMIT")
+        if batch is not None:
+            async with self._batch_tx(batch) as tx:
+                yield tx
+            return
+        with self._unavailable_as_error():
+            async with self._pooled() as connection:
+                tx = Transaction(connection)
+                try:
+                    yield tx
+                    await tx.commit()
+                except BaseException:
+                    await tx.rollback()
+                    raise
 
     async def write_one(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         """One statement that is a whole write by itself: atomic with no BEGIN and COMMIT."""
@@ -319,12 +361,25 @@ class Connections:
                 return await tx.fetchall(sql, params)
         return await self.read(sql, params)
 
+    async def write_later(self, sql: str, params: Sequence[object]) -> None:
+        """A whole write whose outcome nothing waits for: in a batch, sent with the batch's
+        next statement or its commit; else now, on its own."""
+        self.check_open()
+        batch = self.current_batch()
+        if batch is None:
+            with self._unavailable_as_error():
+                async with self._pooled() as connection:
+                    await connection.execute(sql, params)
+            return
+        assert batch.tx is not None
+        batch.tx.defer(sql, params)
+
     @contextlib.asynccontextmanager
     async def open_batch(self) -> AsyncIterator[Batch]:
         """Open this task's batch on a connection of its own; commit it when the block ends."""
         with self._unavailable_as_error():
             async with self._pooled() as connection:
-                batch = _Batch(owner=self, task=_current_task(), connection=connection)
+                batch = _Batch(owner=self, task=_current_task(), tx=Transaction(connection))
                 token = _BATCHES.set((*_BATCHES.get(), batch))
                 try:
                     yield batch
@@ -339,21 +394,21 @@ class Connections:
         """Commit the batch's transaction; mark it committed unless it was rolled back."""
         batch.closed = True
         _BATCHES.reset(token)
-        connection = batch.connection
-        assert connection is not None
-        if batch.open:
-            batch.open = False
-            if connection.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        tx = batch.tx
+        assert tx is not None
+        if tx.open:
+            status = tx.connection.info.transaction_status
+            if tx.begun and status != psycopg.pq.TransactionStatus.INTRANS:
                 # A statement was interrupted (its task cancelled) and aborted the
                 # transaction, or the connection is gone: COMMIT would only roll back.
-                await _rollback(connection)
+                await tx.rollback()
                 if not raising:
                     raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
                 return
             try:
                 with self._unavailable_as_error():
-                    await connection.execute("COMMIT")
+                    await tx.commit()
             except BaseException:
-                await _rollback(connection)
+                await tx.rollback()
                 raise
         batch.committed = not batch.rolled_back

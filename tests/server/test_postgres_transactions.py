@@ -1,0 +1,148 @@
+"""The PostgreSQL ledger's transactions: BEGIN and deferred statements ride with the next
+statement awaited, or with COMMIT, in one round trip; an error in one still rolls back
+the whole transaction. On a real PostgreSQL; round trips are counted on the real
+connection (each plain statement and each pipeline is one)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from clienttools_server.ledger.postgres_pool import Connections
+from tests.support.postgres import PostgresServer
+
+
+class RoundTrips:
+    """Counts what reaches the server as one exchange: a plain statement, or a pipeline."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        execute = psycopg.AsyncConnection.execute
+        pipeline = psycopg.AsyncConnection.pipeline
+
+        async def counted_execute(
+            connection: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any
+        ) -> Any:
+            if connection._pipeline is None:
+                self.count += 1
+            return await execute(connection, *args, **kwargs)
+
+        def counted_pipeline(connection: psycopg.AsyncConnection[Any]) -> Any:
+            self.count += 1
+            return pipeline(connection)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted_execute)
+        monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", counted_pipeline)
+
+
+@pytest.fixture
+async def connections(postgres: PostgresServer) -> AsyncIterator[Connections]:
+    pool = Connections(postgres.fresh_url(), timeout=5.0, max_size=2, lease=10.0)
+    await pool.open()
+    async with pool.write() as tx:
+        await tx.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+    yield pool
+    await pool.close()
+
+
+async def _ids(connections: Connections) -> list[int]:
+    return [row[0] for row in await connections.read("SELECT id FROM t ORDER BY id")]
+
+
+async def test_deferred_statements_and_begin_and_commit_go_in_one_round_trip(
+    connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = RoundTrips(monkeypatch)
+    async with connections.write() as tx:
+        tx.defer("INSERT INTO t VALUES (1, 'a')")
+        tx.defer("INSERT INTO t VALUES (2, 'b')")
+        assert trips.count == 0
+    assert trips.count == 1
+    assert await _ids(connections) == [1, 2]
+
+
+async def test_a_statement_awaited_carries_begin_and_what_was_deferred_before_it(
+    connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = RoundTrips(monkeypatch)
+    async with connections.write() as tx:
+        tx.defer("INSERT INTO t VALUES (1, 'a')")
+        # It sees the deferred insert: sent before it, in the same transaction.
+        row = await tx.fetchone("SELECT count(*) FROM t")
+        assert row == (1,)
+        assert trips.count == 1
+        tx.defer("UPDATE t SET v = 'z' WHERE id = 1")
+    assert trips.count == 2  # the update and COMMIT
+    assert await connections.read("SELECT v FROM t") == [("z",)]
+
+
+async def test_a_write_that_wrote_nothing_sends_nothing(
+    connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = RoundTrips(monkeypatch)
+    async with connections.write():
+        pass
+    async with connections.open_batch():
+        pass
+    assert trips.count == 0
+
+
+async def test_an_error_in_a_deferred_statement_rolls_back_the_whole_transaction(
+    connections: Connections,
+) -> None:
+    await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        async with connections.write() as tx:
+            await tx.execute("INSERT INTO t VALUES (2, 'b')")
+            tx.defer("INSERT INTO t VALUES (1, 'again')")  # fails when sent, at COMMIT
+    assert await _ids(connections) == [1]
+    # The connection went back to the pool clean: the next write works.
+    async with connections.write() as tx:
+        tx.defer("INSERT INTO t VALUES (3, 'c')")
+    assert await _ids(connections) == [1, 3]
+
+
+async def test_a_refusal_inside_a_write_drops_what_was_deferred(connections: Connections) -> None:
+    with pytest.raises(LookupError):
+        async with connections.write() as tx:
+            await tx.execute("INSERT INTO t VALUES (1, 'a')")
+            tx.defer("INSERT INTO t VALUES (2, 'b')")
+            raise LookupError("refused")
+    assert await _ids(connections) == []
+
+
+async def test_a_batch_sends_its_deferred_statements_with_its_commit(
+    connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = RoundTrips(monkeypatch)
+    async with connections.open_batch() as batch:
+        await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
+        async with connections.write() as tx:
+            tx.defer("INSERT INTO t VALUES (2, 'b')")
+        assert trips.count == 0
+        # A read in the batch sees them: they go first.
+        assert await connections.read("SELECT count(*) FROM t") == [(2,)]
+        await connections.write_later("INSERT INTO t VALUES (3, 'c')", ())
+    assert trips.count == 2  # the read (with BEGIN and both inserts), then the last and COMMIT
+    assert batch.committed
+    assert await _ids(connections) == [1, 2, 3]
+
+
+async def test_a_database_error_in_a_batch_rolls_back_what_it_had_deferred(
+    connections: Connections,
+) -> None:
+    await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        async with connections.open_batch() as batch:
+            await connections.write_later("INSERT INTO t VALUES (2, 'b')", ())
+            await connections.write_one("INSERT INTO t VALUES (1, 'again') RETURNING id", ())
+    assert not batch.committed
+    assert await _ids(connections) == [1]
+
+
+async def test_write_later_outside_a_batch_is_written_at_once(connections: Connections) -> None:
+    await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
+    assert await _ids(connections) == [1]
