@@ -318,21 +318,27 @@ class Conversations:
         self, chat_id: str, session: str, keep: int, texts: Sequence[str], *, streaming: str | None
     ) -> bool:
         try:
-            await self.ledger.save_chat(
-                chat_id, session, keep, texts, self.clock.now(), streaming=streaming
-            )
+            # One transaction: the other processes are told when it commits.
+            async with self.ledger.batch():
+                await self.ledger.save_chat(
+                    chat_id, session, keep, texts, self.clock.now(), streaming=streaming
+                )
+                await self._tell_others(chat_id)
         except (ChatOfOtherSession, LedgerUnavailable) as exc:
             # The run goes on; what the page sees is its stream. A later save (the
             # final one) writes the message whole.
             logger.warning("chat %r not stored: %s", chat_id, exc)
             return False
-        await self._announce(chat_id)
+        await self._push(chat_id)
         return True
 
     # -- announcing a stored change (H3)
 
     async def _announce(self, chat_id: str) -> None:
         await self._push(chat_id)
+        await self._tell_others(chat_id)
+
+    async def _tell_others(self, chat_id: str) -> None:
         if self.bus is not None:
             try:
                 await self.ledger.notify(None, CHAT_CHANGED, chat_id)
