@@ -1,7 +1,7 @@
 """The PostgreSQL ledger's transactions: BEGIN and deferred statements ride with the next
 statement awaited, or with COMMIT, in one round trip; an error in one still rolls back
-the whole transaction. On a real PostgreSQL; round trips are counted on the real
-connection (each plain statement and each pipeline is one)."""
+the whole transaction; a stalled batch still ends at the server's idle timeout. On a
+real PostgreSQL; round trips are counted on the real connection."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from tests.support.postgres import PostgresServer
 
 
 class RoundTrips:
-    """Counts what reaches the server as one exchange: a plain statement, or a pipeline."""
+    """Counts the exchanges that wait for the server: a statement outside a pipeline, and
+    each Sync of a pipeline (``sync()``, and the one its end sends)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
         execute = psycopg.AsyncConnection.execute
-        pipeline = psycopg.AsyncConnection.pipeline
+        sync = psycopg.AsyncPipeline.sync
+        end = psycopg.AsyncPipeline.__aexit__
 
         async def counted_execute(
             connection: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any
@@ -30,12 +32,17 @@ class RoundTrips:
                 self.count += 1
             return await execute(connection, *args, **kwargs)
 
-        def counted_pipeline(connection: psycopg.AsyncConnection[Any]) -> Any:
+        async def counted_sync(pipeline: psycopg.AsyncPipeline) -> None:
             self.count += 1
-            return pipeline(connection)
+            await sync(pipeline)
+
+        async def counted_end(pipeline: psycopg.AsyncPipeline, *exc: Any) -> None:
+            self.count += 1
+            await end(pipeline, *exc)
 
         monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted_execute)
-        monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", counted_pipeline)
+        monkeypatch.setattr(psycopg.AsyncPipeline, "sync", counted_sync)
+        monkeypatch.setattr(psycopg.AsyncPipeline, "__aexit__", counted_end)
 
 
 @pytest.fixture
@@ -57,8 +64,8 @@ async def test_deferred_statements_and_begin_and_commit_go_in_one_round_trip(
 ) -> None:
     trips = RoundTrips(monkeypatch)
     async with connections.write() as tx:
-        tx.defer("INSERT INTO t VALUES (1, 'a')")
-        tx.defer("INSERT INTO t VALUES (2, 'b')")
+        await tx.defer("INSERT INTO t VALUES (1, 'a')")
+        await tx.defer("INSERT INTO t VALUES (2, 'b')")
         assert trips.count == 0
     assert trips.count == 1
     assert await _ids(connections) == [1, 2]
@@ -69,12 +76,12 @@ async def test_a_statement_awaited_carries_begin_and_what_was_deferred_before_it
 ) -> None:
     trips = RoundTrips(monkeypatch)
     async with connections.write() as tx:
-        tx.defer("INSERT INTO t VALUES (1, 'a')")
+        await tx.defer("INSERT INTO t VALUES (1, 'a')")
         # It sees the deferred insert: sent before it, in the same transaction.
         row = await tx.fetchone("SELECT count(*) FROM t")
         assert row == (1,)
         assert trips.count == 1
-        tx.defer("UPDATE t SET v = 'z' WHERE id = 1")
+        await tx.defer("UPDATE t SET v = 'z' WHERE id = 1")
     assert trips.count == 2  # the update and COMMIT
     assert await connections.read("SELECT v FROM t") == [("z",)]
 
@@ -97,11 +104,11 @@ async def test_an_error_in_a_deferred_statement_rolls_back_the_whole_transaction
     with pytest.raises(psycopg.errors.UniqueViolation):
         async with connections.write() as tx:
             await tx.execute("INSERT INTO t VALUES (2, 'b')")
-            tx.defer("INSERT INTO t VALUES (1, 'again')")  # fails when sent, at COMMIT
+            await tx.defer("INSERT INTO t VALUES (1, 'again')")  # fails when sent, at COMMIT
     assert await _ids(connections) == [1]
     # The connection went back to the pool clean: the next write works.
     async with connections.write() as tx:
-        tx.defer("INSERT INTO t VALUES (3, 'c')")
+        await tx.defer("INSERT INTO t VALUES (3, 'c')")
     assert await _ids(connections) == [1, 3]
 
 
@@ -109,7 +116,7 @@ async def test_a_refusal_inside_a_write_drops_what_was_deferred(connections: Con
     with pytest.raises(LookupError):
         async with connections.write() as tx:
             await tx.execute("INSERT INTO t VALUES (1, 'a')")
-            tx.defer("INSERT INTO t VALUES (2, 'b')")
+            await tx.defer("INSERT INTO t VALUES (2, 'b')")
             raise LookupError("refused")
     assert await _ids(connections) == []
 
@@ -121,7 +128,7 @@ async def test_a_batch_sends_its_deferred_statements_with_its_commit(
     async with connections.open_batch() as batch:
         await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
         async with connections.write() as tx:
-            tx.defer("INSERT INTO t VALUES (2, 'b')")
+            await tx.defer("INSERT INTO t VALUES (2, 'b')")
         assert trips.count == 0
         # A read in the batch sees them: they go first.
         assert await connections.read("SELECT count(*) FROM t") == [(2,)]

@@ -326,7 +326,7 @@ class _PostgresSessions(Connections):
         locked = "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE"
         row = await tx.fetchone(locked, (key,))
         if row is None:  # a new chat: made at version 0 (unless another process just made it)
-            tx.defer(
+            await tx.defer(
                 "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
                 "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
                 (key, escape(session), now),
@@ -343,7 +343,7 @@ class _PostgresSessions(Connections):
         # ones written over what was at their positions. Three disjoint sets of rows, so
         # the order in which PostgreSQL carries out the parts does not matter.
         key, end = escape(chat_id), keep + len(messages)
-        tx.defer(
+        await tx.defer(
             "WITH chat AS (UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
             " updated_at = %s WHERE id = %s), "
             "gone AS (DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s) "
@@ -470,7 +470,7 @@ class PostgresStore(_PostgresSessions):
         self, tx: Transaction, execution_id: str, status: ExecutionStatus, error: str | None,
         now: float,
     ) -> None:  # fmt: skip
-        tx.defer(
+        await tx.defer(
             "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
             (status, _maybe_escape(error), now, escape(execution_id)),
         )
@@ -478,7 +478,7 @@ class PostgresStore(_PostgresSessions):
     async def settle_pending(
         self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,
     ) -> None:  # fmt: skip
-        tx.defer(
+        await tx.defer(
             "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
             "WHERE execution_id = %s AND state = 'pending'",
             (state, error_json, now, escape(execution_id)),

@@ -72,43 +72,51 @@ DEFAULT_MAX_SIZE = 8
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
 
-_BEGIN: tuple[str, Sequence[object]] = ("BEGIN", ())
-
 
 class Transaction:
-    """Statements on one connection in one transaction, begun lazily.
+    """Statements on one connection in one transaction, begun lazily, in pipeline mode.
 
-    ``BEGIN``, and every statement deferred (:meth:`defer`: one whose outcome
-    nothing waits for), are sent with the next statement that is awaited, or with
-    ``COMMIT``, in one round trip (psycopg's pipeline mode). A transaction that
-    wrote nothing sends nothing. An error in a deferred statement is raised
-    where they are sent, inside the same transaction, which then rolls back
-    whole, as if it had been raised by the statement itself.
+    The transaction's statements go through one psycopg pipeline, entered with
+    ``BEGIN`` at its first statement: a statement whose outcome nothing waits
+    for (:meth:`defer`) is sent at once and not waited for; one that is
+    awaited waits for everything before it in one round trip (a pipeline
+    Sync); ``COMMIT`` ends the pipeline. So BEGIN, the deferred statements and
+    COMMIT cost no round trip of their own, and a transaction that wrote
+    nothing sends nothing. An error in a deferred statement is raised at the
+    next Sync, inside the same transaction, which then rolls back whole.
+
+    The pipeline stays open until the transaction ends: leaving it makes
+    psycopg send a Flush after the Sync, and PostgreSQL does not restart its
+    ``idle_in_transaction_session_timeout`` for a Flush, so a process stopped
+    inside a batch would keep its rows locked past its lease.
     """
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self.connection = connection
-        self.begun = False  # BEGIN has been sent
-        self._queued: list[tuple[str, Sequence[object]]] = [_BEGIN]
+        self._pipeline: psycopg.AsyncPipeline | None = None  # open: BEGIN was sent
+        self._exit = contextlib.AsyncExitStack()
 
     @property
     def open(self) -> bool:
-        """Something was written, or is queued to be."""
-        return self.begun or len(self._queued) > 1
+        """BEGIN was sent: the transaction is open on the server (or lost with it)."""
+        return self._pipeline is not None
 
-    def defer(self, sql: str, params: Sequence[object] = ()) -> None:
-        """Queue a statement, to be sent with the next one that is awaited, or the commit."""
-        self._queued.append((sql, params))
+    async def _begun(self) -> psycopg.AsyncPipeline:
+        if self._pipeline is None:
+            self._pipeline = await self._exit.enter_async_context(self.connection.pipeline())
+            await self.connection.execute("BEGIN")
+        return self._pipeline
+
+    async def defer(self, sql: str, params: Sequence[object] = ()) -> None:
+        """Send a statement without waiting for it: its error comes at the next Sync."""
+        await self._begun()
+        await self.connection.execute(sql, params)
 
     async def _send(self, sql: str, params: Sequence[object]) -> psycopg.AsyncCursor[Any]:
-        queued, self._queued = self._queued, []
-        if not queued:
-            return await self.connection.execute(sql, params)
-        self.begun = True
-        async with self.connection.pipeline():
-            for queued_sql, queued_params in queued:
-                await self.connection.execute(queued_sql, queued_params)
-            return await self.connection.execute(sql, params)
+        pipeline = await self._begun()
+        cursor = await self.connection.execute(sql, params)
+        await pipeline.sync()
+        return cursor
 
     async def execute(self, sql: str, params: Sequence[object] = ()) -> int:
         """Run a statement; how many rows it changed."""
@@ -125,24 +133,28 @@ class Transaction:
         rows: list[tuple[Any, ...]] = await cursor.fetchall()
         return rows
 
-    async def commit(self) -> None:
-        """Send what is queued and COMMIT (nothing at all if nothing was written)."""
-        if self.open:
-            await self._send("COMMIT", ())
-        self._reset()
+    async def commit(self) -> bool:
+        """COMMIT with what was deferred, in one round trip (nothing if nothing was written).
+
+        False if the transaction had been lost: a statement in it was interrupted
+        (its task cancelled), so the server rolled it back and COMMIT with it.
+        """
+        if self._pipeline is None:
+            return True
+        cursor = await self.connection.execute("COMMIT")
+        exit, self._exit, self._pipeline = self._exit, contextlib.AsyncExitStack(), None
+        await exit.aclose()  # the pipeline's end: its Sync, and COMMIT's outcome
+        return cursor.statusmessage == "COMMIT"
 
     async def rollback(self) -> None:
-        """Drop what is queued; roll back what was sent, unless the connection is gone
-        (then the server rolled back already)."""
-        begun = self.begun
-        self._reset()
-        if begun:
-            with contextlib.suppress(psycopg.OperationalError):
-                await self.connection.execute("ROLLBACK")
-
-    def _reset(self) -> None:
-        self.begun = False
-        self._queued = [_BEGIN]
+        """Roll back what was sent, unless the connection is gone (then the server did)."""
+        if self._pipeline is None:
+            return
+        exit, self._exit, self._pipeline = self._exit, contextlib.AsyncExitStack(), None
+        with contextlib.suppress(psycopg.Error):
+            await exit.aclose()  # what was still in flight: its errors are the rollback's
+        with contextlib.suppress(psycopg.OperationalError):
+            await self.connection.execute("ROLLBACK")
 
 
 @dataclasses.dataclass(eq=False)
@@ -349,7 +361,8 @@ class Connections:
                 tx = Transaction(connection)
                 try:
                     yield tx
-                    await tx.commit()
+                    if not await tx.commit():
+                        raise LedgerUnavailable("the transaction was lost: nothing committed")
                 except BaseException:
                     await tx.rollback()
                     raise
@@ -371,8 +384,8 @@ class Connections:
                 async with self._pooled() as connection:
                     await connection.execute(sql, params)
             return
-        assert batch.tx is not None
-        batch.tx.defer(sql, params)
+        async with self._batch_tx(batch) as tx:
+            await tx.defer(sql, params)
 
     @contextlib.asynccontextmanager
     async def open_batch(self) -> AsyncIterator[Batch]:
@@ -397,18 +410,14 @@ class Connections:
         tx = batch.tx
         assert tx is not None
         if tx.open:
-            status = tx.connection.info.transaction_status
-            if tx.begun and status != psycopg.pq.TransactionStatus.INTRANS:
-                # A statement was interrupted (its task cancelled) and aborted the
-                # transaction, or the connection is gone: COMMIT would only roll back.
-                await tx.rollback()
-                if not raising:
-                    raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
-                return
             try:
                 with self._unavailable_as_error():
-                    await tx.commit()
+                    committed = await tx.commit()
             except BaseException:
                 await tx.rollback()
                 raise
+            if not committed:
+                if not raising:
+                    raise LedgerUnavailable("the batch's transaction was lost: nothing committed")
+                return
         batch.committed = not batch.rolled_back
