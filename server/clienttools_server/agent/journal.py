@@ -190,6 +190,8 @@ class RunJournal:
         # The agent's output tools (structured output): pydantic-ai's, not calls to journal.
         self.output_tools: set[str] = set()
         self.planned: dict[str, PlannedCall] = {}
+        # A step of the tool step came back expired: the run may have expired (check_alive).
+        self._saw_expired = False
 
     # -- model steps -----------------------------------------------------------------
 
@@ -409,6 +411,8 @@ class RunJournal:
         for planned in self.planned.values():
             if not planned.called and planned.tool.state == "pending":
                 await self._reject(planned.tool, "not_called", "the call was not made")
+            if "expired" in (planned.tool.state, planned.approval and planned.approval.state):
+                self._saw_expired = True
         self.planned.clear()
 
     async def abandon_started(self) -> None:
@@ -418,6 +422,14 @@ class RunJournal:
                 await planned.started.abandon()
 
     async def check_alive(self) -> None:
+        """After a tool step: raise if the run expired while it waited.
+
+        Expiry settles every pending step of the run as ``expired``, so only a
+        step of this tool step that came back so is worth reading the run for.
+        """
+        if not self._saw_expired:
+            return
+        self._saw_expired = False
         execution = await self.ledger.get_execution(self.execution_id)
         if execution is not None and execution.status == "expired":
             raise RunFailed("this run waited longer than its time to live and expired")
