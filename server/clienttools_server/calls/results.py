@@ -24,7 +24,7 @@ from clienttools.protocol import ResultAckFrame, ToolResultFrame, json_size
 
 from ..canonical import canonical_json
 from ..cluster.relay import is_open
-from ..ledger import OutcomeReason, Step
+from ..ledger import Outcome, OutcomeReason, Step
 from .delivery import (
     LATE_RESULT,
     DeliveryEvent,
@@ -89,26 +89,44 @@ class Results:
         entry = self._entry_of(step)
         if step.state != "pending":
             return self._late(step, settlement, by_page=by_page, entry=entry)
+        return await self._settle(step.execution_id, step.seq, step, entry, settlement, by_page)
+
+    async def _settle(
+        self,
+        execution_id: str,
+        seq: int,
+        step: Step | None,
+        entry: PendingCall | None,
+        settlement: Settlement,
+        by_page: bool,
+    ) -> Applied:
+        """Settle step ``seq`` of the execution; ``step`` as last read (None: not read,
+        then ``entry`` has its outputSchema, and the ledger's own check that the step is
+        pending is the only one)."""
         now = self.clock.now()
         if settlement.error is None:
             problem = self._check_output(settlement.output, step, entry)
             if problem is not None:
                 code, message = problem
                 if by_page:
-                    await self._refused_by_page(step, entry, encode_error(code, message))
+                    refused = await self._refused_by_page(
+                        execution_id, seq, entry, encode_error(code, message)
+                    )
+                    if refused.reason == "not_pending" and refused.step is not None:
+                        return self._late(refused.step, settlement, by_page=True, entry=entry)
                 reason: OutcomeReason = "too_large" if code == "output_too_large" else "invalid"
                 return Applied("invalid", reason, message, step)
             try:
                 result_json = canonical_json(settlement.output)
             except ValueError as exc:
                 return Applied("invalid", "invalid", f"the output is not JSON: {exc}", step)
-            outcome = await self.ledger.resolve(step.execution_id, step.seq, result_json, now)
+            outcome = await self.ledger.resolve(execution_id, seq, result_json, now)
         else:
             try:
                 error_json = canonical_json(settlement.error)
             except ValueError as exc:
                 return Applied("invalid", "invalid", f"the error is not JSON: {exc}", step)
-            outcome = await self.ledger.reject(step.execution_id, step.seq, error_json, now)
+            outcome = await self.ledger.reject(execution_id, seq, error_json, now)
         if not outcome.ok:
             if outcome.reason == "not_pending" and outcome.step is not None:
                 return self._late(outcome.step, settlement, by_page=by_page, entry=entry)
@@ -117,12 +135,12 @@ class Results:
             if by_page and settlement.error is None:
                 # Over the stored-size limit: the model reads why instead.
                 await self._refused_by_page(
-                    step, entry, encode_error("output_too_large", outcome.message)
+                    execution_id, seq, entry, encode_error("output_too_large", outcome.message)
                 )
                 return Applied("invalid", outcome.reason, "the result is too large to be stored")
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
         if not by_page:
-            self.remember_superseded(step.request_id)
+            self.remember_superseded(outcome.step.request_id if outcome.step else None)
         if entry is not None:
             self.proxy.mark_settled(
                 entry, outcome.step, DeliveryEvent.RESULT if by_page else DeliveryEvent.OUTSIDE
@@ -130,13 +148,12 @@ class Results:
         return Applied("applied", "applied", outcome.message, outcome.step)
 
     async def _refused_by_page(
-        self, step: Step, entry: PendingCall | None, error_json: str
-    ) -> None:
-        outcome = await self.ledger.reject(
-            step.execution_id, step.seq, error_json, self.clock.now()
-        )
+        self, execution_id: str, seq: int, entry: PendingCall | None, error_json: str
+    ) -> Outcome:
+        outcome = await self.ledger.reject(execution_id, seq, error_json, self.clock.now())
         if outcome.ok and entry is not None:
             self.proxy.mark_settled(entry, outcome.step, DeliveryEvent.RESULT)
+        return outcome
 
     def _late(
         self,
@@ -175,7 +192,7 @@ class Results:
         return Applied("stale" if stale else "duplicate", "not_pending", message, step)
 
     def _check_output(
-        self, output: JsonValue, step: Step, entry: PendingCall | None
+        self, output: JsonValue, step: Step | None, entry: PendingCall | None
     ) -> tuple[str, str] | None:
         try:
             size = json_size(output)
@@ -187,7 +204,11 @@ class Results:
                 f"the result is {size:,} bytes as JSON; the limit is "
                 f"{self.config.max_result_bytes:,} bytes",
             )
-        schema = entry.output_schema if entry is not None else recorded_schema(step)
+        if entry is not None:
+            schema = entry.output_schema
+        else:
+            assert step is not None  # read, when no entry waits for it
+            schema = recorded_schema(step)
         if schema is not None:
             errors = self.schemas.errors(schema, output)
             if errors:
@@ -227,10 +248,10 @@ class Results:
             )
         if not await self._from_target(entry, peer):
             return ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        step = await self.ledger.get_step(entry.execution_id, entry.seq)
-        if step is None:
-            return ack(frame.request_id, "stale", "no such call")
-        applied = await self.apply(step, settlement_of(frame), by_page=True)
+        # The step is not read first: the ledger settles it only if it is pending.
+        applied = await self._settle(
+            entry.execution_id, entry.seq, None, entry, settlement_of(frame), by_page=True
+        )
         return page_ack(frame.request_id, applied)
 
     async def _from_target(self, entry: PendingCall, peer: Peer) -> bool:
