@@ -375,8 +375,9 @@ class Connections:
         return await self.read(sql, params)
 
     async def write_later(self, sql: str, params: Sequence[object]) -> None:
-        """A whole write whose outcome nothing waits for: in a batch, sent with the batch's
-        next statement or its commit; else now, on its own."""
+        """A whole write whose outcome nothing waits for: in a batch, sent without waiting
+        (an error in it comes with the batch's next statement or its commit); else now,
+        on its own."""
         self.check_open()
         batch = self.current_batch()
         if batch is None:
