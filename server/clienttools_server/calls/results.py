@@ -140,7 +140,8 @@ class Results:
                 return Applied("invalid", outcome.reason, "the result is too large to be stored")
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
         if not by_page:
-            self.remember_superseded(outcome.step.request_id if outcome.step else None)
+            assert step is not None  # a resolve from outside comes through apply(), read
+            self.remember_superseded(step.request_id)
         if entry is not None:
             self.proxy.mark_settled(
                 entry, outcome.step, DeliveryEvent.RESULT if by_page else DeliveryEvent.OUTSIDE
