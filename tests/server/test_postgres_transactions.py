@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from clienttools_server.ledger.postgres_pool import Connections
+from clienttools_server.ledger.postgres_pool import Connections, Transaction
 from tests.support.postgres import PostgresServer
 
 
@@ -110,6 +110,19 @@ async def test_an_error_in_a_deferred_statement_rolls_back_the_whole_transaction
     async with connections.write() as tx:
         await tx.defer("INSERT INTO t VALUES (3, 'c')")
     assert await _ids(connections) == [1, 3]
+
+
+async def test_a_failed_commit_is_rolled_back_on_its_connection(postgres: PostgresServer) -> None:
+    url = postgres.fresh_url()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as connection:
+        await connection.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        await connection.execute("INSERT INTO t VALUES (1)")
+        tx = Transaction(connection)
+        await tx.defer("INSERT INTO t VALUES (1)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await tx.commit()
+        await tx.rollback()
+        assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 async def test_a_refusal_inside_a_write_drops_what_was_deferred(connections: Connections) -> None:

@@ -72,6 +72,8 @@ DEFAULT_MAX_SIZE = 8
 # One key for the advisory lock that serializes migrations across processes.
 _MIGRATION_LOCK = 0x636C_746C  # "cltl"
 
+_IN_A_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
 
 class Transaction:
     """Statements on one connection in one transaction, begun lazily, in pipeline mode.
@@ -142,19 +144,22 @@ class Transaction:
         if self._pipeline is None:
             return True
         cursor = await self.connection.execute("COMMIT")
-        exit, self._exit, self._pipeline = self._exit, contextlib.AsyncExitStack(), None
-        await exit.aclose()  # the pipeline's end: its Sync, and COMMIT's outcome
+        await self._end_pipeline()  # its Sync, and COMMIT's outcome
         return cursor.statusmessage == "COMMIT"
 
+    async def _end_pipeline(self) -> None:
+        ending, self._exit, self._pipeline = self._exit, contextlib.AsyncExitStack(), None
+        await ending.aclose()
+
     async def rollback(self) -> None:
-        """Roll back what was sent, unless the connection is gone (then the server did)."""
-        if self._pipeline is None:
-            return
-        exit, self._exit, self._pipeline = self._exit, contextlib.AsyncExitStack(), None
-        with contextlib.suppress(psycopg.Error):
-            await exit.aclose()  # what was still in flight: its errors are the rollback's
-        with contextlib.suppress(psycopg.OperationalError):
-            await self.connection.execute("ROLLBACK")
+        """Roll back what was sent (also after a COMMIT that failed), unless the
+        connection is gone (then the server did)."""
+        if self._pipeline is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._end_pipeline()  # what was in flight: its errors are the rollback's
+        if self.connection.info.transaction_status in _IN_A_TRANSACTION:
+            with contextlib.suppress(psycopg.OperationalError):
+                await self.connection.execute("ROLLBACK")
 
 
 @dataclasses.dataclass(eq=False)
