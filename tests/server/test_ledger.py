@@ -1125,7 +1125,10 @@ async def test_a_lapsed_lease_is_taken_over_and_the_old_owner_writes_nothing(
         for write in writes:
             with pytest.raises(LeaseLost, match="another process took the run over"):
                 await write()
-        assert await old.renew(T0 + 12) == []  # known lost already: nothing left to renew
+        # The writes found it lost: the next renewal reports it, once, so that its run
+        # stops even when the task that met the LeaseLost was not the run's own.
+        assert await old.renew(T0 + 12) == [execution.id]
+        assert await old.renew(T0 + 13) == []
         assert (await new.get_execution(execution.id), await new.steps(execution.id)) == before
         # The new owner writes as before, and renews what it holds.
         assert (await new.resolve(execution.id, 0, '{"lat":1}', T0 + 13)).ok
@@ -1154,6 +1157,23 @@ async def test_a_lease_lost_is_found_by_the_next_renewal(
         await old.set_status(execution.id, "completed", T0 + 31)
         with pytest.raises(LeaseLost):
             await new.set_status(execution.id, "error", T0 + 31)
+    finally:
+        await old.close()
+        await new.close()
+
+
+async def test_a_lease_lost_and_taken_back_before_a_renewal_is_not_reported(
+    open_durable_ledger: tuple[str, str],
+) -> None:
+    old, new = await _open(*open_durable_ledger), await _open(*open_durable_ledger)
+    try:
+        execution = await old.start_execution("chat-1", "{}", now=T0)
+        await new.take_over(T0 + 11)
+        with pytest.raises(LeaseLost):  # found by a write, in some task
+            await old.set_status(execution.id, "error", T0 + 12, "stale")
+        [back] = await old.take_over(T0 + 30)  # ours again before any renewal
+        assert back.id == execution.id
+        assert await old.renew(T0 + 31) == []  # its run goes on: nothing to stop
     finally:
         await old.close()
         await new.close()

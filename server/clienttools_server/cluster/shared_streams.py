@@ -324,7 +324,8 @@ class SharedStreams:
         self.grace = grace
         self.poll = poll
         self._abort_run = abort_run
-        # The ledger raises LeaseLost once per run: whoever meets it tells the hub.
+        # Whoever meets the ledger's LeaseLost tells the hub at once (the next
+        # renewal reports the loss too, should it be met where nobody can).
         self.lease_lost = lease_lost
         self.publishers: dict[str, Publisher] = {}
         self.followers: dict[str, Follower] = {}

@@ -159,14 +159,13 @@ class LedgerCore(Generic[Tx]):
 
     async def renew(self, now: float) -> list[str]:
         leases = self._leases
-        if not leases.held:
-            return []
-        held = list(leases.held.items())
-        renewed = await self._store.renew(held, now + leases.seconds)
-        lost = [execution_id for execution_id, _ in held if execution_id not in renewed]
-        for execution_id in lost:
-            leases.lose(execution_id, None)
-        return lost
+        if leases.held:
+            held = list(leases.held.items())
+            renewed = await self._store.renew(held, now + leases.seconds)
+            for execution_id, _ in held:
+                if execution_id not in renewed:
+                    leases.lose(execution_id, None)
+        return leases.reported()
 
     def release(self, execution_id: str) -> None:
         self._leases.release(execution_id)

@@ -61,8 +61,10 @@ class Ledger(Protocol):
     async def renew(self, now: float) -> list[str]:
         """Extend the lease of every execution held to ``now`` + the lease.
 
-        Returns the ids of those that turned out lost (taken over meanwhile):
-        they are fenced from now on, and their runs must stop.
+        Returns the ids of those lost since the last renewal (taken over
+        meanwhile), each once, whether this renewal found it or a write the
+        fence refused (:class:`LeaseLost`, met in whatever task made it): they
+        are fenced from now on, and their runs must stop.
         """
         ...
 

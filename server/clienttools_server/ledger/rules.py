@@ -157,7 +157,9 @@ class Leases:
 
     Shared bookkeeping of both stores. An execution it lost stays fenced (every
     write for it raises :class:`LeaseLost`, without asking the database) until
-    this instance takes it over again.
+    this instance takes it over again. Each loss is also kept for the next
+    renewal to report (:meth:`reported`), however it was found: a write refused
+    by the fence may be met in any task, not only in the run's own.
     """
 
     def __init__(self, seconds: float) -> None:
@@ -167,6 +169,7 @@ class Leases:
         self.owner = uuid.uuid4().hex
         self.held: dict[str, int] = {}
         self.lost: dict[str, int] = {}
+        self._unreported: dict[str, None] = {}  # lost since the last reported(), in order
 
     def generation(self, execution_id: str) -> int | None:
         """The generation held for the execution, None if it is not ours; LeaseLost if lost."""
@@ -178,11 +181,18 @@ class Leases:
     def hold(self, execution_id: str, generation: int) -> None:
         self.held[execution_id] = generation
         self.lost.pop(execution_id, None)
+        self._unreported.pop(execution_id, None)
 
     def lose(self, execution_id: str, current: int | None) -> LeaseLost:
         held = self.held.pop(execution_id, 0)
         self.lost[execution_id] = held
+        self._unreported[execution_id] = None
         return LeaseLost(execution_id, held, current)
+
+    def reported(self) -> list[str]:
+        """The executions lost since the last call, each once: their runs must stop."""
+        lost, self._unreported = list(self._unreported), {}
+        return lost
 
     def release(self, execution_id: str) -> None:
         """Stop holding: the run ended here. A lost lease stays fenced."""
