@@ -1106,8 +1106,7 @@ async def test_a_started_execution_is_held_and_its_lease_renewed(ledger: Ledger)
 async def test_a_lapsed_lease_is_taken_over_and_the_old_owner_writes_nothing(
     open_durable_ledger: tuple[str, str],
 ) -> None:
-    old, new = await _open(*open_durable_ledger), await _open(*open_durable_ledger)
-    try:
+    async with _opened(*open_durable_ledger) as old, _opened(*open_durable_ledger) as new:
         execution = await old.start_execution("chat-1", "{}", now=T0)
         await old.record_step(execution.id, 0, "tool", "get_location", "{}", "client", T0)
         [taken] = await new.take_over(T0 + 11)
@@ -1136,16 +1135,12 @@ async def test_a_lapsed_lease_is_taken_over_and_the_old_owner_writes_nothing(
         await new.set_status(execution.id, "completed", T0 + 15)
         finished = await new.get_execution(execution.id)
         assert finished is not None and finished.status == "completed"
-    finally:
-        await old.close()
-        await new.close()
 
 
 async def test_a_lease_lost_is_found_by_the_next_renewal(
     open_durable_ledger: tuple[str, str],
 ) -> None:
-    old, new = await _open(*open_durable_ledger), await _open(*open_durable_ledger)
-    try:
+    async with _opened(*open_durable_ledger) as old, _opened(*open_durable_ledger) as new:
         execution = await old.start_execution("chat-1", "{}", now=T0)
         assert [e.id for e in await new.take_over(T0 + 11)] == [execution.id]
         assert await old.renew(T0 + 12) == [execution.id]
@@ -1157,16 +1152,12 @@ async def test_a_lease_lost_is_found_by_the_next_renewal(
         await old.set_status(execution.id, "completed", T0 + 31)
         with pytest.raises(LeaseLost):
             await new.set_status(execution.id, "error", T0 + 31)
-    finally:
-        await old.close()
-        await new.close()
 
 
 async def test_a_lease_lost_and_taken_back_before_a_renewal_is_not_reported(
     open_durable_ledger: tuple[str, str],
 ) -> None:
-    old, new = await _open(*open_durable_ledger), await _open(*open_durable_ledger)
-    try:
+    async with _opened(*open_durable_ledger) as old, _opened(*open_durable_ledger) as new:
         execution = await old.start_execution("chat-1", "{}", now=T0)
         await new.take_over(T0 + 11)
         with pytest.raises(LeaseLost):  # found by a write, in some task
@@ -1174,9 +1165,6 @@ async def test_a_lease_lost_and_taken_back_before_a_renewal_is_not_reported(
         [back] = await old.take_over(T0 + 30)  # ours again before any renewal
         assert back.id == execution.id
         assert await old.renew(T0 + 31) == []  # its run goes on: nothing to stop
-    finally:
-        await old.close()
-        await new.close()
 
 
 async def test_finished_executions_are_never_taken_over(ledger: Ledger) -> None:
