@@ -161,6 +161,33 @@ async def test_the_bus_reconnects_after_a_restart_of_postgresql(postgres: Postgr
         assert [args for _, _, args in heard.got] == [("before",), ("after",)]
 
 
+async def test_after_a_restart_the_resync_finds_the_ledger_usable(
+    postgres: PostgresServer,
+) -> None:
+    async with two_processes(postgres.fresh_url()) as (_a, _bus_a, b, bus_b):
+        for _ in range(3):  # connections in b's pool, idle through the restart
+            await b.statement("SELECT 1", ())
+        outcomes: list[object] = []
+
+        async def resync() -> None:  # what a reconnect handler does: read the rows
+            try:
+                outcomes.append(await b.statement("SELECT 1", ()))
+            except Exception as exc:
+                outcomes.append(exc)
+
+        bus_b.on_reconnect(resync)
+        heard = Heard(bus_b)
+        await bus_b.start()
+        postgres.stop()
+        try:
+            await heard.until(lambda: not bus_b.listening)
+        finally:
+            postgres.start_again()
+        await heard.until(lambda: heard.reconnects == 1, timeout=20)
+        # The bus replaced the connections the restart closed before the handlers ran.
+        assert outcomes == [[(1,)]]
+
+
 def test_payloads_carry_any_id_and_refuse_what_is_not_ours() -> None:
     assert decode(encode("p", "k", ("a b", "\\", "\u2603"))) == ("p", "k", ("a b", "\\", "\u2603"))
     assert decode("not json") is None

@@ -58,7 +58,8 @@ START_TIMEOUT = 10.0
 
 
 class Notifying(Protocol):
-    """What the bus needs of the ledger: where to connect, which channels, who it is."""
+    """What the bus needs of the ledger: where to connect, which channels, who it is, and
+    a way to drop the connections a restart of the database closed."""
 
     @property
     def owner(self) -> str: ...
@@ -67,6 +68,8 @@ class Notifying(Protocol):
     def conninfo(self) -> str: ...
 
     def channel(self, process_id: str | None) -> str: ...
+
+    async def check_connections(self) -> None: ...
 
 
 def encode(sender: str, kind: str, args: tuple[str, ...]) -> str:
@@ -179,6 +182,12 @@ class Bus:
             await asyncio.sleep(next(delays))
 
     async def _reconnected(self) -> None:
+        # The bus was away, so the database may have been: the handlers read and
+        # write through the ledger's pool, whose idle connections may be closed.
+        try:
+            await self._ledger.check_connections()
+        except Exception:
+            logger.exception("bus: the ledger's connections could not be checked")
         for handler in self._reconnect_handlers:
             try:
                 await handler()

@@ -676,6 +676,10 @@ class PostgresLedger(LedgerCore[Transaction]):
         """The LISTEN channel of one process (None: of every process) in this schema."""
         return self._pg.channel(process_id)
 
+    async def check_connections(self) -> None:
+        """Replace the pooled connections a restart of the database closed."""
+        await self._pg.check_connections()
+
     async def statement(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         """Run one statement that is a whole read or write by itself; its rows."""
         return await self._pg.write_one(sql, params)

@@ -282,6 +282,15 @@ class Connections:
         self._closed = True
         await self._pool.close()
 
+    async def check_connections(self) -> None:
+        """Try every idle connection with a round trip; replace those that fail.
+
+        For after the database was away: a connection the restart closed can still
+        pass the pool's check (:func:`_alive`) until its first statement fails.
+        """
+        self.check_open()
+        await self._pool.check()
+
     def current_batch(self) -> _Batch | None:
         """This ledger's batch that the current task opened and that is still open."""
         batches = _BATCHES.get()
