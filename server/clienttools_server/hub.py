@@ -192,7 +192,7 @@ class Hub:
 
     async def detach(self, client: Client) -> None:
         self.pages.disconnect(client)
-        self.conversations.drop(client)
+        await self.conversations.drop(client)
         peers = self.pages.peers
         if peers is not None and client.registration:
             peers.forget(client.session)

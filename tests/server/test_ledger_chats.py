@@ -124,3 +124,13 @@ async def test_a_stored_chat_survives_reopening(open_durable_ledger: tuple[str, 
     async with _opened(*open_durable_ledger) as ledger:
         chat = await ledger.get_chat("c1")
         assert chat is not None and chat.messages == tuple(_messages("a", "b"))
+
+
+async def test_a_subscription_reads_the_chat_as_stored_and_ends_quietly(ledger: Ledger) -> None:
+    assert await ledger.subscribe_chat("c1") is None  # a chat not made yet
+    await ledger.save_chat("c1", "s1", 0, _messages("a"), T0, streaming=None)
+    assert await ledger.subscribe_chat("c1") == await ledger.get_chat("c1")
+    await ledger.save_chat("c1", "s1", 1, [], T0, streaming=None)  # nobody else to tell
+    assert await ledger.delete_chat("c1") is True
+    await ledger.unsubscribe_chat("c1")
+    await ledger.unsubscribe_chat("c1")  # twice: still nothing to do

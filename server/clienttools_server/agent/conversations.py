@@ -7,9 +7,11 @@ and stored as its tool parts settle and once more in its final state, however
 the response ends (:class:`ResponseRecorder`: H2). Every stored change goes to
 the connections that subscribed to the chat (H3): this process's directly, the
 other processes' through a ``chat`` notification on the bus that carries the
-chat id only (each reads the row itself). A chat belongs to the session that
-used it first (H5); ``cf_agent_chat_clear`` is refused while a response
-streams (H4, the hub decides that).
+chat id only (each reads the row itself), and only to the processes the ledger
+records as subscribed (:meth:`Ledger.subscribe_chat`), sent by the save itself:
+a chat that only tabs on its own process follow costs no notification. A chat
+belongs to the session that used it first (H5); ``cf_agent_chat_clear`` is
+refused while a response streams (H4, the hub decides that).
 
     conversations = Conversations(ledger, clock, bus=None)
     prepared = await conversations.prepare("session-1", ...)           # H1, H5, size
@@ -21,9 +23,10 @@ streams (H4, the hub decides that).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, cast
 
@@ -42,6 +45,7 @@ from clienttools.uimessage import ToolPart, UIMessage
 from ..canonical import canonical_json
 from ..clock import Clock
 from ..ledger import (
+    CHAT_CHANGED,
     ChatOfOtherSession,
     ChatSummary,
     Ledger,
@@ -56,9 +60,6 @@ if TYPE_CHECKING:
     from .runs import RunRequest
 
 logger = logging.getLogger(__name__)
-
-#: The notification kind of a stored change: args (chat id,).
-CHAT_CHANGED: Final = "chat"
 
 #: A chat past either limit refuses the next ``send``; what it holds stays.
 #: 5,000 messages or 10 MB of canonical JSON: far past a conversation a model's
@@ -180,6 +181,9 @@ class Conversations:
         # chat id -> the version last pushed to its subscribers: a notification read
         # after a later save finds that one already sent, and sends nothing again.
         self._pushed: dict[str, int] = {}
+        # A chat's subscriptions change one at a time: the ledger's record of this
+        # process as subscribed goes only once its last subscriber here has.
+        self._changing = _PerChatLock()
         if bus is not None:
             bus.on(CHAT_CHANGED, self._on_changed)
             bus.on_reconnect(self._on_reconnect)
@@ -210,7 +214,7 @@ class Conversations:
         """Forget the chat; its subscribers get the empty list at version 0 (it is gone)."""
         deleted = await self.ledger.delete_chat(chat_id)
         if deleted:
-            await self._announce(chat_id)
+            await self._push(chat_id)
         return deleted
 
     async def prune(self, retention: float) -> int:
@@ -219,12 +223,18 @@ class Conversations:
     # -- the frames (H3-H5)
 
     async def subscribe(self, client: Client, frame: ChatSubscribeFrame) -> None:
-        stored = await self.ledger.get_chat(frame.id)
-        if stored is not None and stored.session != client.session:
-            client.send(ProtocolErrorFrame(message=OTHER_SESSION))
-            return
-        self.subscribers.setdefault(frame.id, {})[client.id] = client
-        client.send(_messages_frame(frame.id, stored))
+        chat_id = frame.id
+        async with self._changing(chat_id):
+            stored = await self.ledger.subscribe_chat(chat_id)
+            refused = stored is not None and stored.session != client.session
+            if refused or not client.is_open:  # closed meanwhile: drop() did not see it
+                if chat_id not in self.subscribers:
+                    await self.ledger.unsubscribe_chat(chat_id)
+                if refused:
+                    client.send(ProtocolErrorFrame(message=OTHER_SESSION))
+                return
+            self.subscribers.setdefault(chat_id, {})[client.id] = client
+        client.send(_messages_frame(chat_id, stored))
 
     async def clear(self, client: Client, frame: ChatClearFrame, streaming: bool) -> None:
         """H4: refused while a response streams for the chat; else stored empty, announced."""
@@ -246,16 +256,24 @@ class Conversations:
         except ChatOfOtherSession:  # taken by another session meanwhile
             client.send(ProtocolErrorFrame(message=OTHER_SESSION))
             return
-        await self._announce(frame.id)
+        await self._push(frame.id)
 
-    def drop(self, client: Client) -> None:
+    async def drop(self, client: Client) -> None:
         """A connection closed: it gets nothing more."""
         for chat_id in [c for c, subs in self.subscribers.items() if client.id in subs]:
-            subs = self.subscribers[chat_id]
-            del subs[client.id]
-            if not subs:
-                del self.subscribers[chat_id]
+            async with self._changing(chat_id):
+                subs = self.subscribers.get(chat_id, {})
+                subs.pop(client.id, None)
+                if subs:
+                    continue
+                self.subscribers.pop(chat_id, None)
                 self._pushed.pop(chat_id, None)
+                try:
+                    await self.ledger.unsubscribe_chat(chat_id)
+                except LedgerUnavailable as exc:
+                    # The row stays: this process is told of the chat's changes, and
+                    # sends them to nobody, until it is forgotten or subscribes again.
+                    logger.warning("chat %r: subscription not removed: %s", chat_id, exc)
 
     async def owned_elsewhere(self, session: str, chat_id: str) -> bool:
         """H5: does another session have this chat?"""
@@ -318,12 +336,10 @@ class Conversations:
         self, chat_id: str, session: str, keep: int, texts: Sequence[str], *, streaming: str | None
     ) -> bool:
         try:
-            # One transaction: the other processes are told when it commits.
-            async with self.ledger.batch():
-                await self.ledger.save_chat(
-                    chat_id, session, keep, texts, self.clock.now(), streaming=streaming
-                )
-                await self._tell_others(chat_id)
+            # The other processes subscribed to the chat are told when it commits.
+            await self.ledger.save_chat(
+                chat_id, session, keep, texts, self.clock.now(), streaming=streaming
+            )
         except (ChatOfOtherSession, LedgerUnavailable) as exc:
             # The run goes on; what the page sees is its stream. A later save (the
             # final one) writes the message whole.
@@ -332,18 +348,7 @@ class Conversations:
         await self._push(chat_id)
         return True
 
-    # -- announcing a stored change (H3)
-
-    async def _announce(self, chat_id: str) -> None:
-        await self._push(chat_id)
-        await self._tell_others(chat_id)
-
-    async def _tell_others(self, chat_id: str) -> None:
-        if self.bus is not None:
-            try:
-                await self.ledger.notify(None, CHAT_CHANGED, chat_id)
-            except LedgerUnavailable as exc:
-                logger.warning("chat %r: other processes not told of a change: %s", chat_id, exc)
+    # -- a stored change to the subscribers here (H3); the ledger told the others
 
     async def _push(self, chat_id: str) -> None:
         """Send the chat as stored now to this process's subscribers of it."""
@@ -371,8 +376,35 @@ class Conversations:
 
     async def _on_reconnect(self) -> None:
         # Changes announced while the bus was away were missed: send what is newer.
+        # The subscriptions are recorded again first: the database may have lost
+        # them, or forgotten this process while it was away.
         for chat_id in list(self.subscribers):
-            await self._push(chat_id)
+            try:
+                async with self._changing(chat_id):
+                    if chat_id in self.subscribers:
+                        await self.ledger.subscribe_chat(chat_id)
+                await self._push(chat_id)
+            except LedgerUnavailable as exc:  # away again: the next reconnect does it
+                logger.warning("chat %r: not resynced: %s", chat_id, exc)
+
+
+class _PerChatLock:
+    """An asyncio lock per chat id, kept only while a task holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, chat_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.setdefault(chat_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[chat_id]
 
 
 def _messages_frame(chat_id: str, stored: StoredChat | None) -> ChatMessagesFrame:

@@ -48,6 +48,7 @@ from __future__ import annotations
 from .core import LedgerCore
 from .protocol import Ledger
 from .records import (
+    CHAT_CHANGED,
     DEFAULT_LEASE,
     FINISHED_STATUSES,
     MAX_STORED_BYTES,
@@ -78,6 +79,7 @@ from .schema import SCHEMA_VERSION
 from .sqlite import SqliteLedger
 
 __all__ = [
+    "CHAT_CHANGED",
     "DEFAULT_LEASE",
     "FINISHED_STATUSES",
     "MAX_STORED_BYTES",

@@ -401,6 +401,12 @@ class LedgerCore(Generic[Tx]):
     async def get_chat(self, chat_id: str) -> StoredChat | None:
         return await self._store.get_chat(chat_id)
 
+    async def subscribe_chat(self, chat_id: str) -> StoredChat | None:
+        return await self._store.subscribe_chat(self.owner, chat_id)
+
+    async def unsubscribe_chat(self, chat_id: str) -> None:
+        await self._store.unsubscribe_chat(self.owner, chat_id)
+
     async def save_chat(
         self,
         chat_id: str,
@@ -419,11 +425,13 @@ class LedgerCore(Generic[Tx]):
             if owner != session:
                 raise ChatOfOtherSession(f"chat {chat_id!r} belongs to another session")
             version, keep = version + 1, min(keep, count)
-            await self._store.store_chat(tx, chat_id, keep, messages, version, streaming, now)
+            await self._store.store_chat(
+                self.owner, tx, chat_id, keep, messages, version, streaming, now
+            )
         return version
 
     async def delete_chat(self, chat_id: str) -> bool:
-        return await self._store.delete_chat(chat_id)
+        return await self._store.delete_chat(self.owner, chat_id)
 
     async def chats(
         self,

@@ -37,6 +37,7 @@ from ..cluster.bus import encode
 from .core import FORGET_DEAD_AFTER_LEASES, LedgerCore
 from .postgres_pool import AWAY_TIMEOUT, DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT, Connections, Transaction
 from .records import (
+    CHAT_CHANGED,
     DEFAULT_LEASE,
     FINISHED_STATUSES,
     ChatSummary,
@@ -173,6 +174,30 @@ def _step(row: Sequence[Any]) -> Step:
     )  # fmt: skip
 
 
+# A CTE: the notice of a chat's change to the processes subscribed to it but the
+# sender (channel prefix, payload, chat id, sender); PostgreSQL runs it only if the
+# statement reads ``told``. In a statement after the chat's row lock: it sees every
+# subscription that held the lock before (``subscribe_chat``).
+_TELL_SUBSCRIBERS = (
+    "told AS (SELECT pg_notify(%s || process_id, %s) FROM chat_subscribers "
+    "WHERE chat_id = %s AND process_id <> %s)"
+)
+_GET_CHAT = (
+    "SELECT session, version, updated_at, streaming, "
+    "(SELECT array_agg(message_json ORDER BY position) FROM chat_messages "
+    " WHERE chat_id = chats.id) FROM chats WHERE id = %s"
+)
+
+
+def _stored_chat(chat_id: str, rows: Sequence[tuple[Any, ...]]) -> StoredChat | None:
+    if not rows:
+        return None
+    session, version, updated_at, streaming, messages = rows[0]
+    return StoredChat(
+        chat_id, _unescape(session), int(version), updated_at, tuple(messages or ()), streaming
+    )
+
+
 def _namespace(database: str, schema: str) -> str:
     """A short tag of the ledger's database and schema: channel names stay within 63 bytes."""
     return hashlib.sha256(f"{database}\x00{schema}".encode()).hexdigest()[:12]
@@ -206,6 +231,8 @@ class _PostgresSessions(Connections):
             "ON CONFLICT (id) DO UPDATE SET alive_until = EXCLUDED.alive_until), "
             "dead AS (DELETE FROM processes WHERE alive_until < %s AND id <> %s RETURNING id), "
             "unregistered AS (DELETE FROM registrations WHERE process_id IN "
+            "(SELECT id FROM dead)), "
+            "unsubscribed AS (DELETE FROM chat_subscribers WHERE process_id IN "
             "(SELECT id FROM dead)) "
             "SELECT id FROM processes WHERE alive_until >= %s AND id <> %s",
             (owner, until, forget_before, owner, now, owner),
@@ -305,19 +332,29 @@ class _PostgresSessions(Connections):
     # the conversations (H1-H5)
 
     async def get_chat(self, chat_id: str) -> StoredChat | None:
-        rows = await self.read(
-            "SELECT session, version, updated_at, streaming, "
-            "(SELECT array_agg(message_json ORDER BY position) FROM chat_messages "
-            " WHERE chat_id = chats.id) FROM chats WHERE id = %s",
-            (escape(chat_id),),
+        return _stored_chat(chat_id, await self.read(_GET_CHAT, (escape(chat_id),)))
+
+    async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None:
+        key = escape(chat_id)
+        async with self.write() as tx:
+            # The row, and the chat's row lock: a save that holds it has committed
+            # when the read below begins (a statement of its own, so it sees that
+            # save whole); one that comes later waits for this commit, so it finds
+            # the row and tells this process. A chat not made yet has no lock:
+            # its first save may miss this subscriber, its next one does not.
+            await tx.fetchall(
+                "WITH subscribed AS (INSERT INTO chat_subscribers (chat_id, process_id) "
+                "VALUES (%s, %s) ON CONFLICT DO NOTHING) "
+                "SELECT 1 FROM chats WHERE id = %s FOR SHARE",
+                (key, owner, key),
+            )
+            return _stored_chat(chat_id, await tx.fetchall(_GET_CHAT, (key,)))
+
+    async def unsubscribe_chat(self, owner: str, chat_id: str) -> None:
+        await self.write_later(
+            "DELETE FROM chat_subscribers WHERE chat_id = %s AND process_id = %s",
+            (escape(chat_id), owner),
         )
-        if not rows:
-            return None
-        session, version, updated_at, streaming, messages = rows[0]
-        return StoredChat(
-            chat_id, _unescape(session), int(version), updated_at, tuple(messages or ()),
-            streaming,
-        )  # fmt: skip
 
     async def locked_chat(
         self, tx: Transaction, chat_id: str, session: str, now: float
@@ -336,29 +373,47 @@ class _PostgresSessions(Connections):
         return _unescape(str(row[0])), int(row[1]), int(row[2])
 
     async def store_chat(
-        self, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str], version: int,
-        streaming: str | None, now: float,
+        self, owner: str, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str],
+        version: int, streaming: str | None, now: float,
     ) -> None:  # fmt: skip
         # One statement: the chat's row; the messages from the new end on, gone; the new
         # ones written over what was at their positions. Three disjoint sets of rows, so
-        # the order in which PostgreSQL carries out the parts does not matter.
+        # the order in which PostgreSQL carries out the parts does not matter. And the
+        # notice to the chat's other subscribers, delivered when the save commits.
         key, end = escape(chat_id), keep + len(messages)
         await tx.defer(
             "WITH chat AS (UPDATE chats SET version = %s, message_count = %s, streaming = %s, "
             " updated_at = %s WHERE id = %s), "
-            "gone AS (DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s) "
-            "INSERT INTO chat_messages (chat_id, position, message_json) "
+            "gone AS (DELETE FROM chat_messages WHERE chat_id = %s AND position >= %s), "
+            "put AS (INSERT INTO chat_messages (chat_id, position, message_json) "
             "SELECT %s, %s + ord - 1, m FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, ord) "
-            "ON CONFLICT (chat_id, position) DO UPDATE SET message_json = EXCLUDED.message_json",
+            "ON CONFLICT (chat_id, position) DO UPDATE SET message_json = EXCLUDED.message_json), "
+            f"{_TELL_SUBSCRIBERS} SELECT count(*) FROM told",
             # JSON text: never a raw NUL
-            (version, end, streaming, now, key, key, end, key, keep, list(messages)),
-        )
+            (
+                version, end, streaming, now, key, key, end, key, keep, list(messages),
+                *self._telling(owner, chat_id),
+            ),
+        )  # fmt: skip
 
-    async def delete_chat(self, chat_id: str) -> bool:
-        rows = await self.write_one(
-            "DELETE FROM chats WHERE id = %s RETURNING id", (escape(chat_id),)
-        )
-        return bool(rows)
+    def _telling(self, owner: str, chat_id: str) -> tuple[str, str, str, str]:
+        """The parameters of :data:`_TELL_SUBSCRIBERS`."""
+        payload = encode(owner, CHAT_CHANGED, (chat_id,))
+        return self.channel(""), payload, escape(chat_id), owner
+
+    async def delete_chat(self, owner: str, chat_id: str) -> bool:
+        key = escape(chat_id)
+        async with self.write() as tx:
+            # The row lock first, as a save takes it: the delete's own statement then
+            # begins after any subscription that held it has committed, and sees it.
+            if await tx.fetchone("SELECT 1 FROM chats WHERE id = %s FOR UPDATE", (key,)) is None:
+                return False
+            await tx.defer(
+                "WITH gone AS (DELETE FROM chats WHERE id = %s), "
+                f"{_TELL_SUBSCRIBERS} SELECT count(*) FROM told",
+                (key, *self._telling(owner, chat_id)),
+            )
+        return True
 
     async def chats(
         self, session: str | None, limit: int, before: tuple[float, str] | None,

@@ -75,7 +75,8 @@ class Ledger(Protocol):
     async def keep_alive(self, now: float) -> frozenset[str]:
         """Mark this process alive until ``now`` + the lease; the ids of the live processes.
 
-        Processes dead for ten leases are forgotten, with their registrations.
+        Processes dead for ten leases are forgotten, with their registrations and
+        their chat subscriptions.
         """
         ...
 
@@ -227,6 +228,20 @@ class Ledger(Protocol):
 
     async def get_chat(self, chat_id: str) -> StoredChat | None: ...
 
+    async def subscribe_chat(self, chat_id: str) -> StoredChat | None:
+        """Record that this process has a connection subscribed to the chat; the chat as
+        stored, read after that (idempotent).
+
+        A save or delete that commits after the record tells this process
+        (``CHAT_CHANGED``); one in flight meanwhile has committed before the read,
+        which waits for its row lock. (SQLite: one process, nothing to record.)
+        """
+        ...
+
+    async def unsubscribe_chat(self, chat_id: str) -> None:
+        """This process has no connection subscribed to the chat any more."""
+        ...
+
     async def save_chat(
         self,
         chat_id: str,
@@ -243,11 +258,14 @@ class Ledger(Protocol):
         :class:`ChatOfOtherSession` if another session has it. ``streaming``
         names the execution still writing into it (None once its response
         ended). Returns the chat's new version (1 for a new chat, +1 each save).
+        The other processes subscribed to the chat (:meth:`subscribe_chat`) are
+        told (``CHAT_CHANGED``) when it commits.
         """
         ...
 
     async def delete_chat(self, chat_id: str) -> bool:
-        """Forget the chat and its messages; False if there was none."""
+        """Forget the chat and its messages (its subscribers elsewhere are told, as by
+        :meth:`save_chat`); False if there was none."""
         ...
 
     async def chats(

@@ -38,6 +38,10 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
+# The notification that a chat's stored messages changed (a save or a delete), sent
+# with its commit to the other processes subscribed to the chat: args (chat id,).
+CHAT_CHANGED = "chat"
+
 # Seconds a lease lasts when the ledger is not told otherwise (--lease).
 DEFAULT_LEASE = 10.0
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Per dialect: ids and sessions sort by byte (COLLATE "C" on PostgreSQL; SQLite's
 # default BINARY collation is that already), whatever the database's locale.
@@ -169,6 +169,19 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
         "WHERE state = 'pending' AND target_connection IS NOT NULL",
         "CREATE INDEX steps_by_tool_call_id ON steps (tool_call_id) "
         "WHERE state = 'pending' AND tool_call_id IS NOT NULL",
+    ),
+    # 9: which processes have a connection subscribed to which chat (H3 across
+    # processes): a stored change is told to those, not to every process. (SQLite
+    # has one process: it needs no row.)
+    (
+        """
+        CREATE TABLE chat_subscribers (
+            chat_id    {text} NOT NULL,
+            process_id {text} NOT NULL,
+            PRIMARY KEY (chat_id, process_id)
+        )
+        """,
+        "CREATE INDEX chat_subscribers_by_process ON chat_subscribers (process_id)",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -523,6 +523,14 @@ class SqliteStore(SqliteConnection):
         ).fetchall()
         return StoredChat(chat_id, row[0], row[1], row[2], tuple(m[0] for m in messages), row[3])
 
+    # One process: its subscribers are its own, so nothing is recorded (or told).
+
+    async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None:
+        return await self.get_chat(chat_id)
+
+    async def unsubscribe_chat(self, owner: str, chat_id: str) -> None:
+        return None
+
     async def locked_chat(
         self, tx: sqlite3.Connection, chat_id: str, session: str, now: float
     ) -> tuple[str, int, int]:
@@ -537,8 +545,8 @@ class SqliteStore(SqliteConnection):
         return str(owner), int(version), int(count)
 
     async def store_chat(
-        self, tx: sqlite3.Connection, chat_id: str, keep: int, messages: Sequence[str],
-        version: int, streaming: str | None, now: float,
+        self, owner: str, tx: sqlite3.Connection, chat_id: str, keep: int,
+        messages: Sequence[str], version: int, streaming: str | None, now: float,
     ) -> None:  # fmt: skip
         tx.execute("DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, keep))
         tx.executemany(
@@ -551,7 +559,7 @@ class SqliteStore(SqliteConnection):
             (version, keep + len(messages), streaming, now, chat_id),
         )
 
-    async def delete_chat(self, chat_id: str) -> bool:
+    async def delete_chat(self, owner: str, chat_id: str) -> bool:
         with self._write() as db:
             return bool(db.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount)
 

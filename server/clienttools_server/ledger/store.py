@@ -196,6 +196,10 @@ class Store(Protocol[Tx]):
 
     async def get_chat(self, chat_id: str) -> StoredChat | None: ...
 
+    async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None: ...
+
+    async def unsubscribe_chat(self, owner: str, chat_id: str) -> None: ...
+
     async def locked_chat(
         self, tx: Tx, chat_id: str, session: str, now: float
     ) -> tuple[str, int, int]:
@@ -203,13 +207,14 @@ class Store(Protocol[Tx]):
         ...
 
     async def store_chat(
-        self, tx: Tx, chat_id: str, keep: int, messages: Sequence[str], version: int,
-        streaming: str | None, now: float,
+        self, owner: str, tx: Tx, chat_id: str, keep: int, messages: Sequence[str],
+        version: int, streaming: str | None, now: float,
     ) -> None:  # fmt: skip
-        """Keep the first ``keep`` messages, append ``messages``, set the chat's row."""
+        """Keep the first ``keep`` messages, append ``messages``, set the chat's row;
+        tell the chat's subscribers on processes other than ``owner``."""
         ...
 
-    async def delete_chat(self, chat_id: str) -> bool: ...
+    async def delete_chat(self, owner: str, chat_id: str) -> bool: ...
 
     async def chats(
         self, session: str | None, limit: int, before: tuple[float, str] | None,
