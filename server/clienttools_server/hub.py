@@ -192,7 +192,6 @@ class Hub:
 
     async def detach(self, client: Client) -> None:
         self.pages.disconnect(client)
-        await self.conversations.drop(client)
         peers = self.pages.peers
         if peers is not None and client.registration:
             peers.forget(client.session)
@@ -203,6 +202,7 @@ class Hub:
             except LedgerUnavailable as exc:
                 # Its row stays until a relayed invoke finds the connection gone.
                 logger.warning("could not unregister %s: %s", client.id, exc)
+        await self.conversations.drop(client)
         session = self.pages.leave(client)
         if session is None:
             return

@@ -49,6 +49,7 @@ from ..ledger import (
     ChatOfOtherSession,
     ChatSummary,
     Ledger,
+    LedgerClosed,
     LedgerUnavailable,
     StoredChat,
 )
@@ -270,7 +271,7 @@ class Conversations:
                 self._pushed.pop(chat_id, None)
                 try:
                     await self.ledger.unsubscribe_chat(chat_id)
-                except LedgerUnavailable as exc:
+                except (LedgerUnavailable, LedgerClosed) as exc:
                     # The row stays: this process is told of the chat's changes, and
                     # sends them to nobody, until it is forgotten or subscribes again.
                     logger.warning("chat %r: subscription not removed: %s", chat_id, exc)
@@ -377,7 +378,14 @@ class Conversations:
     async def _on_reconnect(self) -> None:
         # Changes announced while the bus was away were missed: send what is newer.
         # The subscriptions are recorded again first: the database may have lost
-        # them, or forgotten this process while it was away.
+        # them, or forgotten this process while it was away. Marked alive before
+        # that, so another process's heartbeat does not forget it again with them.
+        if self.subscribers:
+            try:
+                await self.ledger.keep_alive(self.clock.now())
+            except LedgerUnavailable as exc:
+                logger.warning("chats not resynced: %s", exc)
+                return
         for chat_id in list(self.subscribers):
             try:
                 async with self._changing(chat_id):

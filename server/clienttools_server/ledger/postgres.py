@@ -182,6 +182,10 @@ _TELL_SUBSCRIBERS = (
     "told AS (SELECT pg_notify(%s || process_id, %s) FROM chat_subscribers "
     "WHERE chat_id = %s AND process_id <> %s)"
 )
+# The lock a chat's first save holds (exclusive) and a subscribe takes (shared): a
+# chat not made yet has no row to lock. Keyed by a hash of the id: two chats that
+# share one only wait for each other.
+_NEW_CHAT_LOCK = "pg_advisory_xact_lock{mode}(hashtextextended(%s, 0))"
 _GET_CHAT = (
     "SELECT session, version, updated_at, streaming, "
     "(SELECT array_agg(message_json ORDER BY position) FROM chat_messages "
@@ -337,11 +341,12 @@ class _PostgresSessions(Connections):
     async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None:
         key = escape(chat_id)
         async with self.write() as tx:
-            # The row, and the chat's row lock: a save that holds it has committed
-            # when the read below begins (a statement of its own, so it sees that
-            # save whole); one that comes later waits for this commit, so it finds
-            # the row and tells this process. A chat not made yet has no lock:
-            # its first save may miss this subscriber, its next one does not.
+            # The row, and the chat's lock: the row lock, or for a chat not made
+            # yet the lock its first save takes (_NEW_CHAT_LOCK). A save that holds
+            # either has committed when the read below begins (a statement of its
+            # own, so it sees that save whole); one that comes later waits for this
+            # commit, so it finds the row and tells this process.
+            await tx.defer(f"SELECT {_NEW_CHAT_LOCK.format(mode='_shared')}", (key,))
             await tx.fetchall(
                 "WITH subscribed AS (INSERT INTO chat_subscribers (chat_id, process_id) "
                 "VALUES (%s, %s) ON CONFLICT DO NOTHING) "
@@ -363,6 +368,7 @@ class _PostgresSessions(Connections):
         locked = "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE"
         row = await tx.fetchone(locked, (key,))
         if row is None:  # a new chat: made at version 0 (unless another process just made it)
+            await tx.defer(f"SELECT {_NEW_CHAT_LOCK.format(mode='')}", (key,))
             await tx.defer(
                 "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
                 "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",

@@ -233,8 +233,9 @@ class Ledger(Protocol):
         stored, read after that (idempotent).
 
         A save or delete that commits after the record tells this process
-        (``CHAT_CHANGED``); one in flight meanwhile has committed before the read,
-        which waits for its row lock. (SQLite: one process, nothing to record.)
+        (``CHAT_CHANGED``); one in flight meanwhile, the chat's first included, has
+        committed before the read, which waits for its lock. (SQLite: one process,
+        nothing to record.)
         """
         ...
 
