@@ -23,7 +23,7 @@ from clienttools_server.clock import SYSTEM_CLOCK
 from clienttools_server.cluster.bus import Bus
 from clienttools_server.ledger import CHAT_CHANGED
 from clienttools_server.ledger.postgres import PostgresLedger, escape
-from tests.server.test_routing_bus import Heard
+from tests.server.test_routing_bus import Heard, restart
 from tests.support.postgres import PostgresServer
 
 T0 = 1_000.0
@@ -187,11 +187,7 @@ async def test_conversations_record_their_subscribers_and_again_after_a_restart(
         await a.statement("DELETE FROM chat_subscribers RETURNING 1", ())
         await b.keep_alive(T0)
         heard_a, heard_b = Heard(bus_a), Heard(bus_b)
-        postgres.stop()
-        try:
-            await heard_b.until(lambda: not bus_b.listening and not bus_a.listening)
-        finally:
-            postgres.start_again()
+        await restart(postgres, heard_b, bus_a, bus_b)
         await heard_b.until(lambda: heard_a.reconnects == heard_b.reconnects == 1, timeout=20)
         assert await _subscribed(b) == [(escape(CHAT), b.owner)]
         await a.keep_alive(SYSTEM_CLOCK.now())

@@ -51,6 +51,15 @@ class Heard:
                     await asyncio.wait_for(self._changed.wait(), 0.05)
 
 
+async def restart(postgres: PostgresServer, heard: Heard, *buses: Bus) -> None:
+    """Stop PostgreSQL until every bus has noticed, then start it again."""
+    postgres.stop()
+    try:
+        await heard.until(lambda: not any(bus.listening for bus in buses))
+    finally:
+        postgres.start_again()
+
+
 @contextlib.asynccontextmanager
 async def two_processes(url: str) -> AsyncIterator[tuple[PostgresLedger, Bus, PostgresLedger, Bus]]:
     async with await PostgresLedger.connect(url) as a, await PostgresLedger.connect(url) as b:
@@ -144,11 +153,7 @@ async def test_the_bus_reconnects_after_a_restart_of_postgresql(postgres: Postgr
         await bus_b.start()
         await a.notify(b.owner, "ping", "before")
         await heard.until(lambda: len(heard.got) == 1)
-        postgres.stop()
-        try:
-            await heard.until(lambda: not bus_b.listening)
-        finally:
-            postgres.start_again()
+        await restart(postgres, heard, bus_b)
         await heard.until(lambda: heard.reconnects == 1, timeout=20)
         assert bus_b.listening and bus_b.connects == 2
         for _ in range(50):  # the pool reconnects by itself, within about 2 s
@@ -178,11 +183,7 @@ async def test_after_a_restart_the_resync_finds_the_ledger_usable(
         bus_b.on_reconnect(resync)
         heard = Heard(bus_b)
         await bus_b.start()
-        postgres.stop()
-        try:
-            await heard.until(lambda: not bus_b.listening)
-        finally:
-            postgres.start_again()
+        await restart(postgres, heard, bus_b)
         await heard.until(lambda: heard.reconnects == 1, timeout=20)
         # The bus replaced the connections the restart closed before the handlers ran.
         assert outcomes == [[(1,)]]
