@@ -8,9 +8,8 @@ test puts the Conversations of two of them in front of fake connections.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,26 +19,13 @@ from clienttools.protocol import ChatClearFrame, ChatSubscribeFrame, WireModel, 
 from clienttools_server.agent.conversations import Conversations
 from clienttools_server.calls.pages import Client
 from clienttools_server.clock import SYSTEM_CLOCK
-from clienttools_server.cluster.bus import Bus
 from clienttools_server.ledger import CHAT_CHANGED
 from clienttools_server.ledger.postgres import PostgresLedger, escape
-from tests.server.test_routing_bus import Heard, restart
+from tests.server.test_routing_bus import Heard, processes, restart
 from tests.support.postgres import PostgresServer
 
 T0 = 1_000.0
 CHAT = 'chat "\u00e9\\ 1'  # stored escaped: any id works
-
-
-@contextlib.asynccontextmanager
-async def processes(url: str, count: int) -> AsyncIterator[list[tuple[PostgresLedger, Bus]]]:
-    async with contextlib.AsyncExitStack() as stack:
-        found = []
-        for _ in range(count):
-            ledger = await stack.enter_async_context(await PostgresLedger.connect(url))
-            bus = Bus(ledger)
-            stack.push_async_callback(bus.close)
-            found.append((ledger, bus))
-        yield found
 
 
 async def _subscribed(ledger: PostgresLedger) -> list[tuple[str, str]]:

@@ -61,14 +61,22 @@ async def restart(postgres: PostgresServer, heard: Heard, *buses: Bus) -> None:
 
 
 @contextlib.asynccontextmanager
+async def processes(url: str, count: int) -> AsyncIterator[list[tuple[PostgresLedger, Bus]]]:
+    """``count`` ledgers on one schema, each with its bus (not started)."""
+    async with contextlib.AsyncExitStack() as stack:
+        found = []
+        for _ in range(count):
+            ledger = await stack.enter_async_context(await PostgresLedger.connect(url))
+            bus = Bus(ledger)
+            stack.push_async_callback(bus.close)
+            found.append((ledger, bus))
+        yield found
+
+
+@contextlib.asynccontextmanager
 async def two_processes(url: str) -> AsyncIterator[tuple[PostgresLedger, Bus, PostgresLedger, Bus]]:
-    async with await PostgresLedger.connect(url) as a, await PostgresLedger.connect(url) as b:
-        bus_a, bus_b = Bus(a), Bus(b)
-        try:
-            yield a, bus_a, b, bus_b
-        finally:
-            await bus_a.close()
-            await bus_b.close()
+    async with processes(url, 2) as [(a, bus_a), (b, bus_b)]:
+        yield a, bus_a, b, bus_b
 
 
 async def test_a_notification_reaches_its_target_only_and_a_broadcast_all(

@@ -174,7 +174,6 @@ class Conversations:
     ) -> None:
         self.ledger = ledger
         self.clock = clock
-        self.bus = bus
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         # chat id -> connection id -> the connection: who gets the chat's changes (H3)
