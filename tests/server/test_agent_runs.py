@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
+from pydantic_ai.toolsets import FunctionToolset
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
 from clienttools_server.agent.scripted import scripted_model
@@ -165,3 +168,29 @@ async def test_the_scripted_model_waits_its_delays() -> None:
     # "I have no tools to call right now.": 8 words, so at least 0.2 + 7 x 0.05 s.
     assert len("".join(deltas).split()) == 8
     assert clock() - started >= 0.2 + 7 * 0.05
+
+
+async def test_a_toolset_of_instructions_only_still_instructs(
+    chunk_collector: ChunkCollector,
+) -> None:
+    """An agent's toolsets with no tools are left out of a run only when they offer nothing."""
+
+    async def tell(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        tools = sorted(tool.name for tool in info.function_tools)
+        yield f"{info.instructions} | {', '.join(tools)}"
+
+    agent: Agent[None, Any] = Agent(
+        toolsets=[FunctionToolset(instructions="Answer in French."), FunctionToolset()]
+    )
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(
+        config, agent=agent, model=FunctionModel(stream_function=tell)
+    ) as server:
+        browser = await FakeBrowser.connect(server.ws_url("b1"), chunk_collector)
+        try:
+            await browser.register([tool_spec("title")])
+            response = await browser.chat("hello")
+        finally:
+            await browser.close()
+        await settled(server.hub)
+    assert response.text == "Answer in French. | server_time, title"

@@ -26,7 +26,7 @@ from pydantic import JsonValue
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded, UserError
 from pydantic_ai.models import Model
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_ai.toolsets.combined import CombinedToolset
 from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
@@ -54,6 +54,31 @@ class SessionPages(PageCalls, Protocol):
     """What a run needs of its session: the page tools it may call and how to call them."""
 
     async def specs(self) -> Mapping[str, ToolSpec]: ...
+
+
+def combined(toolsets: list[AbstractToolset[Any]]) -> AbstractToolset[Any]:
+    """The toolsets as one, leaving out function toolsets that offer nothing.
+
+    An agent built without tools still has its (empty) function toolset, and a
+    ``CombinedToolset`` of more than one runs each of its calls (``for_run_step``,
+    ``get_tools``, the instructions: three a model step) in an anyio task group of
+    its own, about 0.1 ms of CPU each. A function toolset with no tools and no
+    instructions adds nothing to a run, so it is left out, and a single toolset
+    is used as it is.
+    """
+    offering = [toolset for toolset in toolsets if not _offers_nothing(toolset)]
+    if len(offering) == 1:
+        return offering[0]
+    return CombinedToolset(offering)
+
+
+def _offers_nothing(toolset: AbstractToolset[Any]) -> bool:
+    # pydantic-ai 2.68's FunctionToolset: its tools and its instructions are all it offers.
+    return (
+        isinstance(toolset, FunctionToolset)
+        and not toolset.tools
+        and not toolset._instructions  # no public way to ask
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +219,7 @@ class Run:
         writer = ChunkWriter(journal)
         self.emit({"type": "start", "messageId": self._message_id()})
         round_trip = self.client_tools == "round-trip"
-        own = JournaledToolset(CombinedToolset([*self.agent.toolsets, self.server_tools]), journal)
+        own = JournaledToolset(combined([*self.agent.toolsets, self.server_tools]), journal)
         page = PageToolset(self.pages, journal, deferred=round_trip)
         output_type: Any = [str, DeferredToolRequests] if round_trip else None
         try:
