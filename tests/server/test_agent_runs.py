@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
-from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
 from clienttools_server.agent.scripted import scripted_model
@@ -173,14 +173,24 @@ async def test_the_scripted_model_waits_its_delays() -> None:
 async def test_a_toolset_of_instructions_only_still_instructs(
     chunk_collector: ChunkCollector,
 ) -> None:
-    """An agent's toolsets with no tools are left out of a run only when they offer nothing."""
+    """A function toolset holding no tools is left out of a run only if it offers nothing."""
 
     async def tell(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
         tools = sorted(tool.name for tool in info.function_tools)
         yield f"{info.instructions} | {', '.join(tools)}"
 
+    class Dynamic(FunctionToolset[None]):
+        """Holds no tools, and offers one."""
+
+        async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
+            return await FunctionToolset([clock]).get_tools(ctx)
+
+    def clock() -> str:
+        """The time."""
+        return "noon"
+
     agent: Agent[None, Any] = Agent(
-        toolsets=[FunctionToolset(instructions="Answer in French."), FunctionToolset()]
+        toolsets=[FunctionToolset(instructions="Answer in French."), FunctionToolset(), Dynamic()]
     )
     config = ServerConfig(port=0, log_level="warning")
     async with running_server(
@@ -193,4 +203,4 @@ async def test_a_toolset_of_instructions_only_still_instructs(
         finally:
             await browser.close()
         await settled(server.hub)
-    assert response.text == "Answer in French. | server_time, title"
+    assert response.text == "Answer in French. | clock, server_time, title"

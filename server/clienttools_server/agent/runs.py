@@ -72,10 +72,16 @@ def combined(toolsets: list[AbstractToolset[Any]]) -> AbstractToolset[Any]:
     return CombinedToolset(offering)
 
 
+# What a FunctionToolset offers a run comes from these methods (pydantic-ai 2.68).
+_OFFERING = ("for_run", "for_run_step", "get_tools", "get_instructions")
+
+
 def _offers_nothing(toolset: AbstractToolset[Any]) -> bool:
-    # pydantic-ai 2.68's FunctionToolset: its tools and its instructions are all it offers.
+    # A subclass that overrides one of them may offer tools it does not hold.
+    own_methods = all(getattr(type(toolset), m) is getattr(FunctionToolset, m) for m in _OFFERING)
     return (
         isinstance(toolset, FunctionToolset)
+        and own_methods
         and not toolset.tools
         and not toolset._instructions  # no public way to ask
     )
