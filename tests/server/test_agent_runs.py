@@ -170,7 +170,7 @@ async def test_the_scripted_model_waits_its_delays() -> None:
     assert clock() - started >= 0.2 + 7 * 0.05
 
 
-async def test_a_toolset_of_instructions_only_still_instructs(
+async def test_only_function_toolsets_that_offer_nothing_are_left_out(
     chunk_collector: ChunkCollector,
 ) -> None:
     """A function toolset holding no tools is left out of a run only if it offers nothing."""

@@ -62,9 +62,9 @@ def combined(toolsets: list[AbstractToolset[Any]]) -> AbstractToolset[Any]:
     An agent built without tools still has its (empty) function toolset, and a
     ``CombinedToolset`` of more than one runs each of its calls (``for_run_step``,
     ``get_tools``, the instructions: three a model step) in an anyio task group of
-    its own, about 0.1 ms of CPU each. A function toolset with no tools and no
-    instructions adds nothing to a run, so it is left out, and a single toolset
-    is used as it is.
+    its own, about 0.1 ms of CPU each. A plain function toolset with no tools and
+    no instructions adds nothing to a run, so it is left out (a subclass that
+    offers tools another way stays), and a single toolset is used as it is.
     """
     offering = [toolset for toolset in toolsets if not _offers_nothing(toolset)]
     if len(offering) == 1:
