@@ -18,9 +18,12 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
+from pydantic_ai.toolsets.combined import CombinedToolset
 from server_harness import ChunkCollector, FakeBrowser, settled, tool_spec
 
+from clienttools_server.agent.runs import combined
 from clienttools_server.agent.scripted import scripted_model
+from clienttools_server.agent.server_tools import ServerToolset
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
 from tests.support.wait import wait_until
@@ -170,10 +173,17 @@ async def test_the_scripted_model_waits_its_delays() -> None:
     assert clock() - started >= 0.2 + 7 * 0.05
 
 
-async def test_only_function_toolsets_that_offer_nothing_are_left_out(
+def test_a_function_toolset_that_offers_nothing_is_left_out() -> None:
+    server = ServerToolset({})
+    assert combined([FunctionToolset(), server]) is server
+    kept = combined([FunctionToolset(instructions="Answer in French."), FunctionToolset(), server])
+    assert isinstance(kept, CombinedToolset) and len(kept.toolsets) == 2
+
+
+async def test_function_toolsets_that_offer_something_stay_in_the_run(
     chunk_collector: ChunkCollector,
 ) -> None:
-    """A function toolset holding no tools is left out of a run only if it offers nothing."""
+    """Instructions, and tools a subclass offers from outside its own dict, reach the model."""
 
     async def tell(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
         tools = sorted(tool.name for tool in info.function_tools)
