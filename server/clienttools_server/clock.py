@@ -16,6 +16,7 @@ one that jumps an hour, or the wall clock plus an offset).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -44,7 +45,11 @@ class SystemClock:
         return time.time()
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
-        return asyncio.get_running_loop().call_later(delay, callback, *args)
+        # In a context of its own, not the caller's: a cancelled timer stays in the
+        # loop's queue until its time (a tool timeout's: minutes away), and would
+        # keep the caller's context alive that long (a run's toolsets, its journal).
+        loop = asyncio.get_running_loop()
+        return loop.call_later(delay, callback, *args, context=contextvars.Context())
 
 
 SYSTEM_CLOCK = SystemClock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import re
 import secrets
 from typing import Any
@@ -12,6 +13,9 @@ import pytest
 from server_harness import FakeBrowser, settled, tool_spec, user_message
 
 from clienttools import ToolClient
+from clienttools_server.agent.conversations import ResponseRecorder
+from clienttools_server.agent.journal import JournaledToolset, RunJournal
+from clienttools_server.agent.page_tools import PageToolset
 from clienttools_server.app import RunningServer
 from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
@@ -77,6 +81,10 @@ def _end_index(tab: FakeBrowser, request_id: str) -> int | None:
     return None
 
 
+def _alive(types: tuple[type, ...]) -> bool:
+    return any(isinstance(o, types) for o in gc.get_objects())
+
+
 def _final_texts(messages: list[dict[str, Any]]) -> list[str]:
     return ["".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in messages]
 
@@ -121,6 +129,26 @@ async def test_the_answer_is_stored_with_its_tool_parts_and_sent_to_subscribers(
         "id": "chat-1", "session": "s1", "version": final["version"], "messages": [user, answer],
     }  # fmt: skip
     await settled(server.hub)
+
+
+async def test_a_finished_answer_is_freed_by_reference_counting(
+    server: RunningServer, tab: FakeBrowser
+) -> None:
+    # Nothing holds a finished run's objects (a cancelled timer once kept its
+    # context for minutes), and no cycle does: only a full collection, which walks
+    # the whole heap, would free those.
+    ours = (ResponseRecorder, RunJournal, JournaledToolset, PageToolset)
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    await subscribe(tab)
+    gc.collect()
+    gc.disable()
+    try:
+        request_id = await send(tab, [user_message('call echo {"x": 1}')])
+        assert (await tab.response(request_id)).final["type"] == "end"
+        await settled(server.hub)
+        await wait_until(lambda: not _alive(ours), 5, "the run's objects freed")
+    finally:
+        gc.enable()
 
 
 async def test_a_send_that_extends_appends_an_edit_replaces_regenerate_drops(

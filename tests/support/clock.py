@@ -14,6 +14,7 @@ runs the server process on one.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
@@ -92,4 +93,5 @@ class OffsetClock:
         return time.time() + offset
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
-        return asyncio.get_running_loop().call_later(delay, callback, *args)
+        loop = asyncio.get_running_loop()  # in a context of its own, as SystemClock's
+        return loop.call_later(delay, callback, *args, context=contextvars.Context())

@@ -529,7 +529,7 @@ class ResponseRecorder:
         """The response ended (``final``: store its last state) or stops here (shutdown,
         a lease lost: the run goes on elsewhere, and stores the message there)."""
         self._closed = True
-        writer = self._writer
+        writer, self._writer = self._writer, None
         try:
             if writer is not None:
                 try:
