@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import math
 import sys
@@ -318,7 +319,22 @@ async def _serve(config: ServerConfig, clock: Clock) -> None:
     except BaseException:
         await ledger.close()
         raise
-    await uvicorn.Server(uvicorn_config(app, config)).serve()
+    served = uvicorn_config(app, config)
+    served.load()
+    _freeze_heap()
+    await uvicorn.Server(served).serve()
+
+
+def _freeze_heap() -> None:
+    """Leave what start-up built (modules, the app, the agent) out of every later collection.
+
+    A full collection walks every tracked object, and a server's heap is mostly
+    its modules (about 100,000 objects here): frozen, a full collection walks
+    only what the chats hold. Done in the command only: an app that embeds the
+    server owns its own process's collector.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

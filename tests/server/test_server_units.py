@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from websockets.asyncio.client import connect
 from clienttools.protocol import ChunkFrame, PingFrame, dump_frame
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.agent.scripted import parse_call_line, scripted_model, words
-from clienttools_server.app import StaticDirs
+from clienttools_server.app import StaticDirs, running_server
 from clienttools_server.calls.delivery import (
     DELIVERY_TRANSITIONS,
     LATE_RESULT,
@@ -154,6 +155,32 @@ def test_cli_help_explains_every_option() -> None:
     for action in options:
         assert action.help, f"{action.option_strings[0]} has no help"
         assert action.option_strings[0] in done.stdout
+
+
+# The command up to the point uvicorn would serve: what is frozen, what is not.
+_AT_SERVE = """
+import gc, uvicorn
+async def serve(self, sockets=None):
+    print(gc.get_freeze_count(), len(gc.get_objects()))
+uvicorn.Server.serve = serve
+from clienttools_server.__main__ import main
+main(["--port", "0", "--log-level", "warning"])
+"""
+
+
+async def test_the_command_freezes_what_start_up_built_and_an_embedded_server_does_not() -> None:
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _AT_SERVE],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    frozen, unfrozen = map(int, done.stdout.split())
+    assert frozen > 50_000 and unfrozen < frozen / 10, (frozen, unfrozen)
+    # An app that embeds the server keeps its own collector as it was.
+    before = gc.get_freeze_count()
+    async with running_server(ServerConfig(port=0, log_level="warning")):
+        pass
+    assert gc.get_freeze_count() == before
 
 
 async def test_static_dirs_first_match_wins(tmp_path: Path, start_server: Any) -> None:
