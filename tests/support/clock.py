@@ -14,7 +14,6 @@ runs the server process on one.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import heapq
 import itertools
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clienttools_server.clock import Timer
+from clienttools_server.clock import SYSTEM_CLOCK, Timer
 
 
 @dataclass(order=True)
@@ -93,5 +92,4 @@ class OffsetClock:
         return time.time() + offset
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
-        loop = asyncio.get_running_loop()  # in a context of its own, as SystemClock's
-        return loop.call_later(delay, callback, *args, context=contextvars.Context())
+        return SYSTEM_CLOCK.call_later(delay, callback, *args)
