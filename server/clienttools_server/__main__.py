@@ -329,7 +329,7 @@ def _freeze_heap() -> None:
     """Leave what start-up built (modules, the app, the agent) out of every later collection.
 
     A full collection walks every tracked object, and a server's heap is mostly
-    its modules (about 100,000 objects here): frozen, a full collection walks
+    its modules (about 105,000 objects here): frozen, a full collection walks
     only what the chats hold. Done in the command only: an app that embeds the
     server owns its own process's collector.
     """
