@@ -151,6 +151,41 @@ async def test_a_finished_answer_is_freed_by_reference_counting(
         gc.enable()
 
 
+async def test_a_run_starts_with_its_history_and_ends_with_its_answer_in_one_transaction(
+    server: RunningServer, tab: FakeBrowser
+) -> None:
+    # H1 and H2 with the run's start and end: never one committed without the other.
+    transactions: list[list[str]] = []
+
+    def trace(statement: str) -> None:
+        if statement.startswith("BEGIN"):
+            transactions.append([])
+        elif transactions:
+            transactions[-1].append(statement)
+
+    connection = server.app.state.ledger._store._connection
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    connection.set_trace_callback(trace)
+    try:
+        request_id = await send(tab, [user_message('call echo {"x": 1}')])
+        assert (await tab.response(request_id)).final["type"] == "end"
+        await settled(server.hub)
+    finally:
+        connection.set_trace_callback(None)
+
+    def writing(prefix: str) -> list[list[str]]:
+        return [t for t in transactions if any(s.startswith(prefix) for s in t)]
+
+    [start] = writing("INSERT INTO executions")
+    assert any("call echo" in s for s in start if s.startswith("INSERT INTO chat_messages"))
+    [end] = writing("UPDATE executions SET status = 'completed'")
+    [final] = [s for s in end if s.startswith("UPDATE chats SET")]
+    assert "streaming = NULL" in final, final
+    assert end[-1] == "COMMIT"
+    # The chat's saves: the start's, the one after the tool's output, the end's.
+    assert len(writing("UPDATE chats SET")) == 3
+
+
 async def test_a_send_that_extends_appends_an_edit_replaces_regenerate_drops(
     server: RunningServer, tab: FakeBrowser
 ) -> None:

@@ -15,9 +15,17 @@ refused while a response streams (H4, the hub decides that).
 
     conversations = Conversations(ledger, clock, bus=None)
     prepared = await conversations.prepare("session-1", ...)           # H1, H5, size
-    recorder = conversations.recorder("session-1", execution.id, request, prepared)
+    async with ledger.batch():                                         # the run and its history
+        execution = await ledger.start_execution(...)
+        await conversations.store_request(prepared, execution.id)
+    await conversations.announce(prepared.chat_id)
+    recorder = conversations.recorder("session-1", execution.id, request, replayed=False)
     emit = recorder.through(log.append)                                # the run's chunks
     await recorder.close(final=True)                                   # H2: the final state
+
+A run's start commits with the history it answers, and its end with its message's
+final state (:meth:`ResponseRecorder.store_final`): two transactions a chat fewer,
+and no moment in which a finished run's chat still shows its answer unfinished.
 """
 
 from __future__ import annotations
@@ -214,7 +222,7 @@ class Conversations:
         """Forget the chat; its subscribers get the empty list at version 0 (it is gone)."""
         deleted = await self.ledger.delete_chat(chat_id)
         if deleted:
-            await self._push(chat_id)
+            await self.announce(chat_id)
         return deleted
 
     async def prune(self, retention: float) -> int:
@@ -256,7 +264,7 @@ class Conversations:
         except ChatOfOtherSession:  # taken by another session meanwhile
             client.send(ProtocolErrorFrame(message=OTHER_SESSION))
             return
-        await self._push(frame.id)
+        await self.announce(frame.id)
 
     async def drop(self, client: Client) -> None:
         """A connection closed: it gets nothing more."""
@@ -319,21 +327,34 @@ class Conversations:
         kept = kept_prefix(stored.messages, texts) if stored is not None else 0
         return Prepared(session, chat_id, history, texts, kept)
 
-    def recorder(
-        self,
-        session: str,
-        execution_id: str,
-        request: RunRequest,
-        prepared: Prepared | None = None,
-    ) -> ResponseRecorder:
-        """The recorder of a run's answer; ``prepared``: the request's history, stored first.
+    async def store_request(self, prepared: Prepared, execution_id: str) -> bool:
+        """H1: store the request's history, as the chat of the run it starts.
 
-        A run replayed (a restart, a take-over) has its history stored already.
+        Called in the ledger batch that starts the run, so the run and the history
+        it answers commit together; :meth:`announce` it once that batch is over.
         """
-        return ResponseRecorder(self, session, execution_id, request, prepared)
+        return await self._save(
+            prepared.chat_id, prepared.session, prepared.kept, prepared.texts[prepared.kept :],
+            streaming=execution_id, tell_subscribers=False,
+        )  # fmt: skip
+
+    def recorder(
+        self, session: str, execution_id: str, request: RunRequest, *, replayed: bool
+    ) -> ResponseRecorder:
+        """The recorder of a run's answer. A new run's history is stored by
+        :meth:`store_request`; a run ``replayed`` (a restart, a take-over) stores
+        its whole history with the answer, not knowing what the first process stored."""
+        return ResponseRecorder(self, session, execution_id, request, replayed=replayed)
 
     async def _save(
-        self, chat_id: str, session: str, keep: int, texts: Sequence[str], *, streaming: str | None
+        self,
+        chat_id: str,
+        session: str,
+        keep: int,
+        texts: Sequence[str],
+        *,
+        streaming: str | None,
+        tell_subscribers: bool = True,
     ) -> bool:
         try:
             # The other processes subscribed to the chat are told when it commits.
@@ -345,12 +366,13 @@ class Conversations:
             # final one) writes the message whole.
             logger.warning("chat %r not stored: %s", chat_id, exc)
             return False
-        await self._push(chat_id)
+        if tell_subscribers:
+            await self.announce(chat_id)
         return True
 
     # -- a stored change to the subscribers here (H3); the ledger told the others
 
-    async def _push(self, chat_id: str) -> None:
+    async def announce(self, chat_id: str) -> None:
         """Send the chat as stored now to this process's subscribers of it."""
         subs = self.subscribers.get(chat_id)
         if not subs:
@@ -372,7 +394,7 @@ class Conversations:
     async def _on_changed(self, sender: str, args: tuple[str, ...]) -> None:
         if sender != self.ledger.owner:
             (chat_id,) = args
-            await self._push(chat_id)
+            await self.announce(chat_id)
 
     async def _on_reconnect(self) -> None:
         # Changes announced while the bus was away were missed: send what is newer.
@@ -390,7 +412,7 @@ class Conversations:
                 async with self._changing(chat_id):
                     if chat_id in self.subscribers:
                         await self.ledger.subscribe_chat(chat_id)
-                await self._push(chat_id)
+                await self.announce(chat_id)
             except LedgerUnavailable as exc:  # away again: the next reconnect does it
                 logger.warning("chat %r: not resynced: %s", chat_id, exc)
 
@@ -428,9 +450,16 @@ class ResponseRecorder:
     Built by :class:`MessageBuilder`, the client's builder, so the stored
     message is the one the Python client shows. Stored at the position after
     the request's history (a response that continues the last assistant
-    message replaces it), after each chunk of ``_SAVE_AFTER`` and, by
-    :meth:`close`, in its final state. Saves happen one at a time, in order, on
-    a task of their own: the run never waits for them.
+    message replaces it), after each chunk of ``_SAVE_AFTER``, and in its final
+    state: by :meth:`store_final` in the transaction that ends the run, else by
+    :meth:`close`. The saves along the way happen one at a time, in order, on a
+    task of their own: the run never waits for them.
+
+        await recorder.flush()              # the saves along the way are done
+        async with ledger.batch():
+            await ledger.set_status(...)    # the run's end commits ...
+            await recorder.store_final()    # ... with the message in its last state
+        await recorder.close(final=True)    # tells the subscribers (or stores, if not yet)
     """
 
     def __init__(
@@ -439,7 +468,8 @@ class ResponseRecorder:
         session: str,
         execution_id: str,
         request: RunRequest,
-        prepared: Prepared | None = None,
+        *,
+        replayed: bool,
     ) -> None:
         self._conversations = conversations
         self._session = session
@@ -451,15 +481,10 @@ class ResponseRecorder:
         self._dirty = False
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
-        # The request's history goes first, on the writer, so the response's
-        # ``start`` does not wait for it and every later save comes after it.
-        self._history_texts: tuple[int, list[str]] | None = None
+        self._final_stored = False
         # A run replayed (a restart, a take-over) writes its whole history with the
         # answer: whether the first process stored it before it went is not known.
-        self._replayed = prepared is None
-        if prepared is not None:
-            self._history_texts = (prepared.kept, prepared.texts[prepared.kept :])
-            self._writer = asyncio.get_running_loop().create_task(self._write())
+        self._replayed = replayed
 
     @property
     def message(self) -> UIMessage:
@@ -502,17 +527,11 @@ class ResponseRecorder:
                 self._builder.adopt(part)
 
     async def _write(self) -> None:
-        if self._history_texts is not None:
-            keep, texts = self._history_texts
-            self._history_texts = None
-            await self._conversations._save(
-                self._chat_id, self._session, keep, texts, streaming=self._execution_id
-            )
         while self._dirty:
             self._dirty = False
             await self._store(streaming=self._execution_id)
 
-    async def _store(self, *, streaming: str | None) -> None:
+    async def _store(self, *, streaming: str | None, tell_subscribers: bool = True) -> bool:
         message = self._builder.message
         # A response that showed nothing (an error before its first part) leaves
         # no message, as on the page, which never places an empty one.
@@ -521,23 +540,58 @@ class ResponseRecorder:
         if self._replayed:
             texts = [canonical_json(m) for m in self._history[: self._position]] + texts
             keep = 0
-        await self._conversations._save(
-            self._chat_id, self._session, keep, texts, streaming=streaming
-        )
+        return await self._conversations._save(
+            self._chat_id, self._session, keep, texts, streaming=streaming,
+            tell_subscribers=tell_subscribers,
+        )  # fmt: skip
 
-    async def close(self, *, final: bool) -> None:
-        """The response ended (``final``: store its last state) or stops here (shutdown,
-        a lease lost: the run goes on elsewhere, and stores the message there)."""
+    async def flush(self) -> None:
+        """No more saves along the way: wait for the one in flight."""
         self._closed = True
         writer, self._writer = self._writer, None
+        if writer is None:
+            return
         try:
-            if writer is not None:
-                try:
-                    await writer
-                except asyncio.CancelledError:
-                    if not writer.cancelled():
-                        raise
-            if final:
+            await writer
+        except asyncio.CancelledError:
+            if not writer.cancelled():
+                raise
+        except Exception:
+            # The response must still end for the page; what was stored stays.
+            logger.exception("chat %r: the answer of run %s not stored", self._chat_id,
+                             self._execution_id)  # fmt: skip
+
+    async def store_final(self) -> None:
+        """Store the message in its last state, in the ledger batch that ends the run,
+        after :meth:`flush` (a save in flight must not be waited for inside a batch).
+
+        Never raises: the run's end must not fail for its message. Once the batch
+        commits, :meth:`close` only tells the subscribers; if it does not, or this
+        save failed, :meth:`close` stores the message again.
+        """
+        await self.flush()
+        try:
+            stored = await self._store(streaming=None, tell_subscribers=False)
+        except Exception:
+            logger.exception("chat %r: the answer of run %s not stored with its end",
+                             self._chat_id, self._execution_id)  # fmt: skip
+            return
+        if stored:
+            self._conversations.ledger.after_commit(self._stored_final)
+
+    def _stored_final(self) -> None:
+        self._final_stored = True
+
+    async def close(self, *, final: bool) -> None:
+        """The response ended (``final``: its last state stored, and told) or stops here
+        (shutdown, a lease lost: the run goes on elsewhere, and stores the message there)."""
+        await self.flush()
+        if not final:
+            return
+        try:
+            if self._final_stored:
+                await self._conversations.announce(self._chat_id)
+            else:
                 await self._store(streaming=None)
         except Exception:
             # The response must still end for the page; what was stored stays.

@@ -43,7 +43,7 @@ from ..clock import Clock
 from ..config import ServerConfig
 from ..ledger import ChatBusy, Ledger, LedgerUnavailable, Step
 from .chunk_log import Chunk, ChunkLog, FinishedResponses
-from .conversations import OTHER_SESSION, Conversations, Prepared, Refusal, ResponseRecorder
+from .conversations import OTHER_SESSION, Conversations, Refusal, ResponseRecorder
 from .journal import RequestedCall
 from .runs import Run, RunRequest
 from .server_tools import ServerToolset
@@ -177,9 +177,12 @@ class RunLauncher:
             return
         request = RunRequest(frame.id, list[JsonValue](prepared.history))
         try:
-            execution = await self.ledger.start_execution(
-                client.session, request.to_json(), self.clock.now(), chat_id=frame.id
-            )
+            # H1: the run and the history it answers commit together.
+            async with self.ledger.batch():
+                execution = await self.ledger.start_execution(
+                    client.session, request.to_json(), self.clock.now(), chat_id=frame.id
+                )
+                stored = await self.conversations.store_request(prepared, execution.id)
         except ChatBusy:  # it streams on another process
             client.send(_busy(frame))
             return
@@ -188,11 +191,11 @@ class RunLauncher:
                 ErrorFrame(request_id=frame.request_id, error_text="the request was not usable")
             )
             return
+        if stored:
+            await self.conversations.announce(frame.id)
         log = ChunkLog(frame.id)
         log.subscribe(frame.request_id, client.id, client.send, after=None)
-        await self._launch(
-            execution.id, client.session, request, log, fresh=True, prepared=prepared
-        )
+        await self._launch(execution.id, client.session, request, log, fresh=True)
 
     async def _launch(
         self,
@@ -202,7 +205,6 @@ class RunLauncher:
         log: ChunkLog | None = None,
         *,
         fresh: bool = False,
-        prepared: Prepared | None = None,
     ) -> None:
         if log is None:
             log = await self._resumed_log(execution_id, request.chat_id)
@@ -211,13 +213,15 @@ class RunLauncher:
         session = self.pages.session(session_name)
         session.logs[request.chat_id] = log
         # H2: the response's message is stored however the run goes (a replay too).
-        recorder = self.conversations.recorder(session_name, execution_id, request, prepared)
+        recorder = self.conversations.recorder(
+            session_name, execution_id, request, replayed=not fresh
+        )
         run = Run(
             execution_id, request, self.ledger, self.agent, self.model,
             SessionTools(session_name, self.pages.session_specs, self.proxy, self.approvals),
             self.server_toolset, recorder.through(log.append),
             clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
-            client_tools=self.config.client_tools,
+            client_tools=self.config.client_tools, answer=recorder,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name, recorder))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)

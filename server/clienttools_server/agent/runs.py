@@ -50,6 +50,16 @@ from .page_tools import PageToolset
 logger = logging.getLogger(__name__)
 
 
+class Answer(Protocol):
+    """What stores the response's message (H2): its last state commits with the run's end."""
+
+    async def flush(self) -> None:
+        """Finish the saves along the way (before the batch that ends the run)."""
+
+    async def store_final(self) -> None:
+        """Store the last state, inside that batch; never raises."""
+
+
 class SessionPages(PageCalls, Protocol):
     """What a run needs of its session: the page tools it may call and how to call them."""
 
@@ -131,6 +141,7 @@ class Run:
         max_steps: int = 16,
         fresh: bool = False,
         client_tools: ClientToolsMode = "rpc",
+        answer: Answer | None = None,
     ) -> None:
         self.execution_id = execution_id
         self.request = request
@@ -145,6 +156,7 @@ class Run:
         # The execution was just started, so it has no steps to replay yet.
         self.fresh = fresh
         self.client_tools = client_tools
+        self.answer = answer
         # Set by whoever cancels the task for an abort; a cancel without it is a
         # shutdown, which leaves the execution resumable.
         self.aborted = False
@@ -195,9 +207,19 @@ class Run:
     async def _finish_status(
         self, status: Literal["completed", "error"], error: str | None
     ) -> None:
+        answer = self.answer
+        if answer is not None:
+            await answer.flush()
         # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
         with contextlib.suppress(InvalidTransition, UnknownExecution):
-            await self.ledger.set_status(self.execution_id, status, self.clock(), error)
+            # The end and the message's last state commit together (H2). The status
+            # goes first: a refusal (the lease lost, say) then stores nothing at all.
+            # A database error in the save takes the end back with it: the run, no
+            # longer held here, is taken over once its lease lapses and ends again.
+            async with self.ledger.batch():
+                await self.ledger.set_status(self.execution_id, status, self.clock(), error)
+                if answer is not None:
+                    await answer.store_final()
 
     async def _finish(self, reason: str) -> None:
         self.emit({"type": "finish", "finishReason": reason})
