@@ -7,6 +7,7 @@ import contextlib
 import gc
 import re
 import secrets
+import sqlite3
 from typing import Any
 
 import pytest
@@ -184,6 +185,36 @@ async def test_a_run_starts_with_its_history_and_ends_with_its_answer_in_one_tra
     assert end[-1] == "COMMIT"
     # The chat's saves: the start's, the one after the tool's output, the end's.
     assert len(writing("UPDATE chats SET")) == 3
+
+
+async def test_an_end_whose_message_fails_to_store_still_completes_and_stores_it_after(
+    server: RunningServer, tab: FakeBrowser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run's end does not fail for its message: the end commits, and the
+    # message's last state is stored again once the run is over.
+    ledger = server.app.state.ledger
+    save_chat = ledger.save_chat
+    failed: list[str] = []
+
+    async def failing_once(*args: Any, streaming: str | None) -> int:
+        if streaming is None and not failed:
+            failed.append(args[0])
+            raise sqlite3.OperationalError("disk I/O error")
+        return int(await save_chat(*args, streaming=streaming))
+
+    monkeypatch.setattr(ledger, "save_chat", failing_once)
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    request_id = await send(tab, [user_message('call echo {"x": 1}')])
+    assert (await tab.response(request_id)).final["type"] == "end"
+    await settled(server.hub)
+    assert failed == ["chat-1"]
+    [execution] = await ledger.executions()
+    assert execution.status == "completed"
+    [_, answer] = (await http(server, "GET", "/chats/chat-1")).json["messages"]
+    assert [p["type"] for p in answer["parts"]][-1] == "text"
+    assert any(p.get("state") == "output-available" for p in answer["parts"])
+    stored = await ledger.get_chat("chat-1")
+    assert stored is not None and stored.streaming is None  # the last save is the final one
 
 
 async def test_a_send_that_extends_appends_an_edit_replaces_regenerate_drops(
