@@ -25,7 +25,8 @@ refused while a response streams (H4, the hub decides that).
 
 A run's start commits with the history it answers, and its end with its message's
 final state (:meth:`ResponseRecorder.store_final`): two transactions a chat fewer,
-and no moment in which a finished run's chat still shows its answer unfinished.
+and, unless that save fails (then it is stored again after the end), no moment
+in which a finished run's chat still shows its answer unfinished.
 """
 
 from __future__ import annotations
