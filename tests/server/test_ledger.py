@@ -1103,6 +1103,32 @@ async def test_a_started_execution_is_held_and_its_lease_renewed(ledger: Ledger)
     assert renewed is not None and (renewed.generation, renewed.lease_until) == (1, T0 + 15)
 
 
+async def test_an_execution_started_in_a_batch_is_held_once_the_batch_commits(
+    ledger: Ledger,
+) -> None:
+    # A renewal meanwhile (another task: on PostgreSQL another connection, which does
+    # not see the row yet) must not take the uncommitted start for a lost lease.
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def start() -> str:
+        async with ledger.batch():
+            execution = await ledger.start_execution("chat-1", "{}", now=T0)
+            started.set()
+            await finish.wait()
+        return execution.id
+
+    starting = asyncio.create_task(start())
+    await started.wait()
+    assert await ledger.renew(T0 + 1) == []
+    finish.set()
+    execution_id = await starting
+    assert await ledger.renew(T0 + 5) == []
+    renewed = await ledger.get_execution(execution_id)
+    assert renewed is not None and (renewed.generation, renewed.lease_until) == (1, T0 + 15)
+    await ledger.set_status(execution_id, "completed", T0 + 6)
+
+
 async def test_a_lapsed_lease_is_taken_over_and_the_old_owner_writes_nothing(
     open_durable_ledger: tuple[str, str],
 ) -> None:

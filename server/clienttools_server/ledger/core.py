@@ -210,7 +210,9 @@ class LedgerCore(Generic[Tx]):
         # same statement: of two processes starting one chat at once, one gets it.
         if not await self._store.insert_execution(execution, chat_id):
             raise ChatBusy(f"chat {chat_id!r} of session {session!r} has a response streaming")
-        leases.hold(execution.id, execution.generation)
+        # Held once committed: inside a batch, a renewal on another connection would
+        # not see the row yet, and would take the lease for lost.
+        self.after_commit(lambda: leases.hold(execution.id, execution.generation))
         return execution
 
     async def get_execution(self, execution_id: str) -> Execution | None:
