@@ -47,8 +47,11 @@ bootstrap: $(VENV)/.installed node_modules/.installed $(CHROMIUM) postgresql
 web: $(VENV)/.installed node_modules/.installed
 	$(PY) scripts/build_web.py
 
+# Files in collection order (browser ones last, tests/conftest.py): pytest-xdist's
+# default orders them by their number of tests, which left the benchmark's smoke
+# test, one test of about 3 minutes, to start last and end the run alone.
 test: bootstrap web
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # No browser, no Node, no server processes: the sans-I/O cores and the server in this
 # process on real sockets (and the PostgreSQL the tests start, when it is installed).
