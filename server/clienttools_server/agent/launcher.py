@@ -221,7 +221,7 @@ class RunLauncher:
             SessionTools(session_name, self.pages.session_specs, self.proxy, self.approvals),
             self.server_toolset, recorder.through(log.append),
             clock=self.clock.now, max_steps=self.config.max_steps, fresh=fresh,
-            client_tools=self.config.client_tools, answer=recorder,
+            client_tools=self.config.client_tools, recorder=recorder,
         )  # fmt: skip
         task = asyncio.create_task(self._drive(run, log, session_name, recorder))
         self.runs[execution_id] = ActiveRun(run, task, log, session_name)

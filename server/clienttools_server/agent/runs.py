@@ -50,7 +50,7 @@ from .page_tools import PageToolset
 logger = logging.getLogger(__name__)
 
 
-class Answer(Protocol):
+class ResponseStore(Protocol):
     """What stores the response's message (H2): its last state commits with the run's end."""
 
     async def flush(self) -> None:
@@ -141,7 +141,7 @@ class Run:
         max_steps: int = 16,
         fresh: bool = False,
         client_tools: ClientToolsMode = "rpc",
-        answer: Answer | None = None,
+        recorder: ResponseStore | None = None,
     ) -> None:
         self.execution_id = execution_id
         self.request = request
@@ -156,7 +156,7 @@ class Run:
         # The execution was just started, so it has no steps to replay yet.
         self.fresh = fresh
         self.client_tools = client_tools
-        self.answer = answer
+        self.recorder = recorder
         # Set by whoever cancels the task for an abort; a cancel without it is a
         # shutdown, which leaves the execution resumable.
         self.aborted = False
@@ -207,9 +207,9 @@ class Run:
     async def _finish_status(
         self, status: Literal["completed", "error"], error: str | None
     ) -> None:
-        answer = self.answer
-        if answer is not None:
-            await answer.flush()
+        recorder = self.recorder
+        if recorder is not None:
+            await recorder.flush()
         # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
         with contextlib.suppress(InvalidTransition, UnknownExecution):
             # The end and the message's last state commit together (H2). The status
@@ -218,8 +218,8 @@ class Run:
             # longer held here, is taken over once its lease lapses and ends again.
             async with self.ledger.batch():
                 await self.ledger.set_status(self.execution_id, status, self.clock(), error)
-                if answer is not None:
-                    await answer.store_final()
+                if recorder is not None:
+                    await recorder.store_final()
 
     async def _finish(self, reason: str) -> None:
         self.emit({"type": "finish", "finishReason": reason})
