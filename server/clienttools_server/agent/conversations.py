@@ -570,7 +570,6 @@ class ResponseRecorder:
         commits, :meth:`close` only tells the subscribers; if it does not, or this
         save failed, :meth:`close` stores the message again.
         """
-        await self.flush()
         try:
             stored = await self._store(streaming=None, tell_subscribers=False)
         except Exception:
