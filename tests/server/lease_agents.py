@@ -4,11 +4,13 @@ With ``LEASE_AGENT_REQUESTS=PATH`` in the environment each model request
 appends one line to PATH: the first line of the chat's prompt and how many
 model answers came before in the run, so a test can tell whether a model step
 recorded by one process was requested again by the process that took the
-run over.
+run over. With ``LEASE_AGENT_HOLD=PATH``, a request does not answer while the
+file PATH exists: a test can stop the process in the middle of a model step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -43,6 +45,9 @@ async def _counted(
     messages: list[ModelMessage], info: AgentInfo
 ) -> AsyncIterator[str | DeltaToolCalls]:
     _count_request(messages)
+    hold = os.environ.get("LEASE_AGENT_HOLD")
+    while hold and os.path.exists(hold):
+        await asyncio.sleep(0.005)
     for event in answer(messages, info):
         yield event
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from server_harness import (
     ChunkCollector,
     CountingModel,
@@ -202,6 +204,34 @@ async def test_oversize_result_refused_by_the_ledger_is_readable(
         assert text.startswith("big failed: output_too_large: result is 1,000,012 bytes as JSON")
         await tab.close()
         await settled(server.hub)
+
+
+async def test_a_model_answer_that_could_not_be_recorded_shows_none_of_its_calls(
+    tmp_path: Path, chunk_collector: ChunkCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Such a call is never run, and a run that goes on elsewhere asks the model
+    # again: the page is not shown a call that no record holds.
+    async with running_server(_config(tmp_path / "l.sqlite3")) as server:
+        ledger = server.app.state.ledger
+        record_step = ledger.record_step
+
+        async def failing(*args: Any, **kwargs: Any) -> Any:
+            if args[2] == "model" and kwargs.get("result_json") is not None:
+                raise sqlite3.OperationalError("disk I/O error")
+            return await record_step(*args, **kwargs)
+
+        monkeypatch.setattr(ledger, "record_step", failing)
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")])
+        request_id = await tab.start_chat('call t {"k": 1}')
+        response = await tab.response(request_id)
+        assert [c["type"] for c in response.chunks] == ["start", "start-step", "error"]
+        assert response.final["type"] == "end"
+        assert tab.invokes == []
+        await tab.close()
+        await settled(server.hub)
+        [execution] = await ledger.executions()
+        assert execution.status == "error"
 
 
 async def test_finished_executions_are_pruned_after_the_retention(

@@ -29,7 +29,7 @@ from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
 from tests.server.server_harness import Response, settled
-from tests.server.test_leases import AGENT, GatedPage, run_of, taken_over
+from tests.server.test_leases import AGENT, GatedPage, model_requests, run_of, taken_over
 from tests.support.chunks import normalized
 from tests.support.cluster import reader
 from tests.support.faultproxy import FaultProxy
@@ -50,7 +50,10 @@ async def processes(
     url: str, tmp_path: Path, **leases: float
 ) -> AsyncIterator[list[ServerProcess]]:
     """One server process per name, each with its own lease, started one after the other."""
-    env = {"LEASE_AGENT_REQUESTS": str(tmp_path / "requests.jsonl")}
+    env = {
+        "LEASE_AGENT_REQUESTS": str(tmp_path / "requests.jsonl"),
+        "LEASE_AGENT_HOLD": str(tmp_path / "hold"),  # the model waits while it exists
+    }
     servers = [
         ServerProcess(
             ["--db", url, "--agent", AGENT, "--lease", f"{lease:g}", "--log-level", "info"],
@@ -417,6 +420,53 @@ async def test_a_chat_on_a_process_that_lost_the_run_follows_the_new_owner(
     assert normalized(response.chunks) == normalized(base.chunks)
     assert not chat.violations
     assert page.executions == {("p", 5): 1}
+
+
+async def test_a_chat_on_a_process_that_lost_the_run_mid_answer_sees_only_the_recorded_one(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    # The stale process stops while its model answers. The new owner asks the model
+    # again (no answer was recorded), and the call it gets has an id of its own. Once
+    # the stale process goes on, its model's answer can no longer be recorded: the
+    # chat socket there must not see that answer's call, only the new owner's.
+    url = postgres.fresh_url()
+    gate = asyncio.Event()
+    gate.set()
+    hold = tmp_path / "hold"
+    async with (
+        processes(url, tmp_path, stale=LEASE, new=LEASE) as (stale, new),
+        FaultProxy("127.0.0.1", stale.port) as proxy,
+    ):
+        assert stale.process is not None
+        base = await undisturbed(new, prompt_for("h", [5]))
+        asked = ('call work {"n":5,"tag":"h"}', 0)  # the first model request
+        before = model_requests(tmp_path)[asked]
+        page = await GatedPage.open(proxy.url("/agents/chat/s"), gate)
+        try:
+            hold.touch()
+            chat = await ChatPeer.open(stale.ws_url("s"))
+            request_id = await chat.browser.start_chat(prompt_for("h", [5]), "c1")
+            await wait_until(
+                lambda: model_requests(tmp_path)[asked] == before + 1, TIMEOUT, "the model"
+            )
+            async with reader(url) as ledger:
+                os.kill(stale.process.pid, signal.SIGSTOP)
+                hold.unlink()
+                proxy.upstream_port = new.port
+                proxy.cut_all()
+                await wait_until(lambda: taken_over(ledger, "c1"), TIMEOUT, "the take-over")
+                ended = len(base.chunks) + 1  # and the row of its end
+                await wait_until(lambda: published(url, "c1", ended), TIMEOUT, "the end")
+            os.kill(stale.process.pid, signal.SIGCONT)
+            response = await chat.response(request_id)
+            await chat.close()
+        finally:
+            await page.close()
+    assert model_requests(tmp_path)[asked] == before + 2  # the stale process's, the new one's
+    assert response.final["type"] == "end"
+    assert normalized(response.chunks) == normalized(base.chunks)
+    assert not chat.violations
+    assert page.executions == {("h", 5): 1}
 
 
 async def test_no_socket_of_a_session_needs_the_process_of_its_run(

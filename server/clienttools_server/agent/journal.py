@@ -227,7 +227,9 @@ class RunJournal:
             and p.tool_name not in self.output_tools
         ]
         planned: list[PlannedCall] = []
-        # The chunks held and the invokes leave once the batch has committed.
+        # The chunks held and the invokes leave once the batch has committed. An
+        # answer that was not recorded shows nothing of its calls: a run that goes on
+        # elsewhere (the lease lost) asks the model again, and may get other calls.
         try:
             async with self.ledger.batch():
                 if step.recorded is None:
@@ -240,7 +242,7 @@ class RunJournal:
                     if p.deliver_now:
                         p.started = await self.pages.start_client_tool(p.tool, p.call)
         finally:
-            self.release_held()
+            self.held = None
 
     def hold(self, chunk: Chunk) -> None:
         """Emit ``chunk`` now, or keep it for after the step is recorded (see ``held``)."""
