@@ -52,11 +52,29 @@ def test_a_chunk_published_once_and_replayed_twice_is_appended_once() -> None:
     assert log.chunks == [x, x]
 
 
-def test_after_the_replay_ends_equal_chunks_are_new_ones() -> None:
+def test_a_log_that_follows_anew_sends_its_pages_only_what_they_lack() -> None:
+    # A process that lost the run had sent a, b and c (c never published); the new
+    # owner's record is a, b, then d before c (its replay's order), then e.
+    a, b, c, d, e = (numbered(n) for n in range(5))
+    log = ChunkLog("chat")
+    sent: list[WireModel] = []
+    log.subscribe("r", "conn", sent.append, after=None)
+    for chunk in (a, b, c):
+        log.append(chunk)
+    log.follow_anew()
+    for chunk in (a, b, d, c, e):  # the record, from its start
+        log.append(chunk)
+    log.finish()
+    assert log.chunks == [a, b, c, d, e]
+    assert frames_of(sent)[4:] == [("chunk", 3, d), ("chunk", 4, e), ("end", None, None)]
+
+
+def test_a_log_that_follows_anew_matches_each_chunk_it_has_once() -> None:
     x: Chunk = {"type": "start-step"}
     log = ChunkLog("chat", published=[x])
-    log.end_replay()
-    log.append(x)
+    log.follow_anew()
+    for chunk in (x, x):  # its one, then a second one it does not have
+        log.append(chunk)
     assert log.chunks == [x, x]
 
 

@@ -81,9 +81,14 @@ class ChunkLog:
             return
         self._subscribers[request_id] = Subscriber(request_id, owner, send, first - 1)
 
-    def end_replay(self) -> None:
-        """Take every chunk appended from now on as a new one (a log that mirrors another's)."""
-        self._unreplayed.clear()
+    def follow_anew(self) -> None:
+        """Take the chunks so far for ones the log's source produces again, in its own order.
+
+        For a log whose run another process took over, now mirroring that one's
+        record from its start: its subscribers already have these chunks, so only
+        the record's others are appended (the same matching by value as a replay's).
+        """
+        self._unreplayed = Counter(canonical_json(c) for c in self.chunks)
 
     def unsubscribe(self, request_id: str) -> None:
         self._subscribers.pop(request_id, None)

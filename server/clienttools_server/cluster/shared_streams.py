@@ -26,7 +26,9 @@ process can serve a page's ``resume``:
   continues the numbering the pages saw instead of starting over, and tells
   every process (``chunks``), so their followers find the new owner at once.
   The process that lost the run turns its log into such a follower, so its
-  chat sockets get the rest from the new owner.
+  chat sockets get the rest from the new owner. It mirrors the record from its
+  start, matching its chunks by value to those its pages already have: they
+  may have had chunks never published, and the replay's order may differ.
 - **abort** on a follower's process reaches the owner (``abort-run``); a
   ``send`` for a chat with an unfinished execution is refused by the ledger
   (:class:`~clienttools_server.ledger.ChatBusy`).
@@ -252,19 +254,17 @@ class Follower:
     """A response streaming on another process, mirrored from the table into a ChunkLog."""
 
     def __init__(
-        self, streams: SharedStreams, execution_id: str, session: str, log: ChunkLog
+        self, streams: SharedStreams, execution_id: str, session: str, log: ChunkLog, next_seq: int
     ) -> None:
         self.streams = streams
         self.execution_id = execution_id
         self.session = session
         self.owner: str | None = None
         self.log = log
+        # The record's next row to read: the log's end, or 0 for a log that follows anew.
+        self.next_seq = next_seq
         # One read at a time: two would mirror the same rows twice.
         self._reading = asyncio.Lock()
-
-    @property
-    def next_seq(self) -> int:
-        return len(self.log.chunks)
 
     async def refresh(self) -> None:
         """Read the rows past the mirror's end into it; follow a new owner; end when ended."""
@@ -283,6 +283,7 @@ class Follower:
             if text is None:
                 self._end()
                 return
+            self.next_seq += 1
             self.log.append(json.loads(text))
         if head is None:
             self._end()  # pruned with its execution
@@ -434,9 +435,12 @@ class SharedStreams:
         if follower.log.finished:
             self.forget(follower)
 
-    async def follow(self, execution_id: str, session: str, log: ChunkLog) -> Follower:
-        """Mirror the run's published chunks into a fresh ``log``, from its end on."""
-        follower = Follower(self, execution_id, session, log)
+    async def follow(
+        self, execution_id: str, session: str, log: ChunkLog, *, anew: bool = False
+    ) -> Follower:
+        """Mirror the run's published chunks into ``log``: from its end on, or (``anew``)
+        the whole record into a log that has some of it already (ChunkLog.follow_anew)."""
+        follower = Follower(self, execution_id, session, log, 0 if anew else len(log.chunks))
         self.followers[execution_id] = follower
         await self._refresh(follower)
         return follower
@@ -450,8 +454,8 @@ class SharedStreams:
             publisher.stop()
         log.tap = None
         if log.request_ids:
-            log.end_replay()
-            await self.follow(execution_id, session, log)
+            log.follow_anew()
+            await self.follow(execution_id, session, log, anew=True)
 
     async def abort(self, client: StreamClient, frame: AbortFrame) -> bool:
         """An abort of a response followed here: tell its owner; False if none is followed."""
