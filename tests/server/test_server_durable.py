@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from pathlib import Path
@@ -232,6 +233,51 @@ async def test_a_model_answer_that_could_not_be_recorded_shows_none_of_its_calls
         await settled(server.hub)
         [execution] = await ledger.executions()
         assert execution.status == "error"
+
+
+async def test_a_restart_while_a_model_answer_is_recorded_shows_only_the_answer_after_it(
+    tmp_path: Path, chunk_collector: ChunkCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server stops while its database still writes the model's answer: the
+    # answer is not recorded, so the run after the restart asks the model again
+    # and gets a call with another id. The page, resuming after what it had, gets
+    # that call, its output and the end, and never the call the lost answer held.
+    db = tmp_path / "ledger.sqlite3"
+    async with running_server(_config(db)) as server:
+        ledger = server.app.state.ledger
+        record_step = ledger.record_step
+        writing = asyncio.Event()
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            if args[2] == "model" and kwargs.get("result_json") is not None:
+                writing.set()
+                await asyncio.Event().wait()  # until the shutdown cancels it
+            return await record_step(*args, **kwargs)
+
+        monkeypatch.setattr(ledger, "record_step", slow)
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        request_id = await tab.start_chat("call server_time {}", chat_id="chat-r")
+        await asyncio.wait_for(writing.wait(), 10)
+    seen = list(tab.chunks.get(request_id, []))
+    await tab.close()
+    assert [c["type"] for c in seen] == ["start", "start-step"]
+    async with running_server(_config(db)) as server:
+        tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        tab.resume_from["res"] = len(seen)
+        await tab.send(
+            {
+                "type": "resume", "requestId": "res", "id": "chat-r",
+                "lastSequence": len(seen) - 1, "headers": {}, "body": {},
+            }
+        )  # fmt: skip
+        response = await tab.response("res")
+        assert not tab.violations
+        await tab.close()
+        await settled(server.hub)
+    kinds = [c["type"] for c in response.chunks]
+    assert kinds[:3] == ["tool-input-start", "tool-input-available", "tool-output-available"]
+    assert len({c["toolCallId"] for c in response.chunks if "toolCallId" in c}) == 1
+    assert response.text.startswith("server_time -> ")
 
 
 async def test_finished_executions_are_pruned_after_the_retention(
