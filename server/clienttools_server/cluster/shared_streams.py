@@ -267,7 +267,7 @@ class Follower:
         self._reading = asyncio.Lock()
 
     async def refresh(self) -> None:
-        """Read the rows past the mirror's end into it; follow a new owner; end when ended."""
+        """Read the rows past those read so far into the log; follow a new owner; end when ended."""
         async with self._reading:
             await self._read()
 
