@@ -1631,6 +1631,58 @@ async def test_owners_survive_a_restart(open_durable_ledger: tuple[str, str]) ->
         assert await ledger.claim_session("desk", "bob", T0) == "alice"
 
 
+# --------------------------------------------------------------------------- remembered tools
+
+
+async def test_a_sessions_tools_are_kept_newest_last_and_capped(ledger: Ledger) -> None:
+    await ledger.remember_tools("desk", {"b": '{"n":1}', "a": '{"n":1}'}, T0, keep=3)
+    await ledger.remember_tools("desk", {"b": '{"n":2}'}, T0 + 1, keep=3)
+    await ledger.remember_tools("desk", {"c": '{"n":1}'}, T0 + 2, keep=3)
+    await ledger.remember_tools("bench", {"x": "{}"}, T0, keep=3)
+    assert list((await ledger.remembered_tools("desk")).items()) == [
+        ("a", '{"n":1}'),
+        ("b", '{"n":2}'),
+        ("c", '{"n":1}'),
+    ]
+    await ledger.remember_tools("desk", {"d": "{}"}, T0 + 3, keep=3)  # the oldest goes
+    assert list(await ledger.remembered_tools("desk")) == ["b", "c", "d"]
+    assert await ledger.remembered_tools("bench") == {"x": "{}"}
+    assert await ledger.remembered_tools("attic") == {}
+    await ledger.remember_tools("desk", {}, T0 + 4, keep=3)  # nothing new: nothing written
+    with pytest.raises(ValueError):
+        await ledger.remember_tools("desk", {"e": "{}"}, T0, keep=0)
+
+
+async def test_remembered_tools_round_trip_any_text(ledger: Ledger) -> None:
+    session, name, spec = "s\x00\\0é", "t\x00", '{"d":"\\u0000 \\\\ é"}'
+    await ledger.remember_tools(session, {name: spec}, T0, keep=1)
+    assert await ledger.remembered_tools(session) == {name: spec}
+
+
+async def test_remembered_tools_survive_a_restart(open_durable_ledger: tuple[str, str]) -> None:
+    async with _opened(*open_durable_ledger) as ledger:
+        await ledger.remember_tools("desk", {"t": "{}"}, T0, keep=4)
+    async with _opened(*open_durable_ledger) as ledger:
+        assert await ledger.remembered_tools("desk") == {"t": "{}"}
+
+
+async def test_remembered_tools_go_once_old_and_no_run_of_their_session_is_unfinished(
+    ledger: Ledger,
+) -> None:
+    for session in ("idle", "paused", "recent"):
+        await ledger.remember_tools(session, {"t": "{}"}, T0, keep=4)
+    await ledger.remember_tools("recent", {"t": "{}"}, T0 + 100, keep=4)
+    await ledger.start_execution("paused", "{}", T0)
+    done = await ledger.start_execution("idle", "{}", T0)
+    await ledger.set_status(done.id, "completed", T0 + 1)
+    with pytest.raises(ValueError):
+        await ledger.prune_session_tools(-1, T0)
+    assert await ledger.prune_session_tools(50, T0 + 100) == 1
+    assert await ledger.remembered_tools("idle") == {}
+    assert await ledger.remembered_tools("paused") == {"t": "{}"}
+    assert await ledger.remembered_tools("recent") == {"t": "{}"}
+
+
 async def test_processes_claiming_one_session_at_once_agree_on_one_owner(
     postgres: PostgresServer,
 ) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Generic, Literal, Self
 
@@ -259,9 +259,7 @@ class LedgerCore(Generic[Tx]):
         return expired
 
     async def prune_finished(self, retention: float, now: float) -> int:
-        if retention < 0:
-            raise ValueError(f"retention must not be negative, not {retention}")
-        return await self._store.prune_finished(now - retention)
+        return await self._store.prune_finished(_cutoff(retention, now))
 
     # steps
 
@@ -398,6 +396,21 @@ class LedgerCore(Generic[Tx]):
     async def sessions_owned_by(self, principal: str) -> list[str]:
         return await self._store.sessions_owned_by(principal)
 
+    # the tools each session's pages registered (S2)
+
+    async def remember_tools(
+        self, session: str, specs: Mapping[str, str], now: float, *, keep: int
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        await self._store.remember_tools(session, sorted(specs.items()), now, keep)
+
+    async def remembered_tools(self, session: str) -> dict[str, str]:
+        return dict(await self._store.remembered_tools(session))
+
+    async def prune_session_tools(self, retention: float, now: float) -> int:
+        return await self._store.prune_session_tools(_cutoff(retention, now))
+
     # the conversations (H1-H5)
 
     async def get_chat(self, chat_id: str) -> StoredChat | None:
@@ -447,6 +460,11 @@ class LedgerCore(Generic[Tx]):
         return await self._store.chats(session, limit, before, sessions)
 
     async def prune_chats(self, retention: float, now: float) -> int:
-        if retention < 0:
-            raise ValueError(f"retention must not be negative, not {retention}")
-        return await self._store.prune_chats(now - retention)
+        return await self._store.prune_chats(_cutoff(retention, now))
+
+
+def _cutoff(retention: float, now: float) -> float:
+    """``now - retention``: what last changed before it is past the retention."""
+    if retention < 0:
+        raise ValueError(f"retention must not be negative, not {retention}")
+    return now - retention

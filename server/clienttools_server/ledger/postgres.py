@@ -50,7 +50,16 @@ from .records import (
     StoredChat,
 )
 from .rules import Leases
-from .schema import EXECUTION_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS, STEP_READ, fence, where
+from .schema import (
+    EXECUTION_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    STEP_READ,
+    fence,
+    prune_session_tools,
+    trim_session_tools,
+    where,
+)
 
 __all__ = [
     "AWAY_TIMEOUT",
@@ -64,6 +73,8 @@ __all__ = [
 ]
 
 _FENCE = fence("postgres")
+_TRIM_SESSION_TOOLS = trim_session_tools("postgres")
+_PRUNE_SESSION_TOOLS = prune_session_tools("postgres")
 # A process counts as alive while its row's alive_until has not passed; its own
 # registrations always count for itself.
 _LIVE_PROCESS = (
@@ -332,6 +343,36 @@ class _PostgresSessions(Connections):
             (escape(principal),),
         )
         return [_unescape(str(session)) for (session,) in rows]
+
+    # the tools each session's pages registered (S2)
+
+    async def remember_tools(
+        self, session: str, specs: Sequence[tuple[str, str]], now: float, keep: int
+    ) -> None:
+        async with self.write() as tx:
+            await tx.defer(
+                "INSERT INTO session_tools (session, name, spec_json, updated_at) "
+                "SELECT %s, name, spec, %s FROM unnest(%s::text[], %s::text[]) AS t (name, spec) "
+                "ON CONFLICT (session, name) DO UPDATE SET "
+                "spec_json = EXCLUDED.spec_json, updated_at = EXCLUDED.updated_at",
+                (
+                    escape(session), now,
+                    [escape(name) for name, _ in specs], [escape(spec) for _, spec in specs],
+                ),
+            )  # fmt: skip
+            await tx.defer(_TRIM_SESSION_TOOLS, (escape(session), escape(session), keep))
+
+    async def remembered_tools(self, session: str) -> list[tuple[str, str]]:
+        rows = await self.read(
+            "SELECT name, spec_json FROM session_tools WHERE session = %s "
+            "ORDER BY updated_at, name",
+            (escape(session),),
+        )
+        return [(_unescape(str(name)), _unescape(str(spec))) for name, spec in rows]
+
+    async def prune_session_tools(self, cutoff: float) -> int:
+        async with self.write() as tx:
+            return await tx.execute(_PRUNE_SESSION_TOOLS, (cutoff,))
 
     # the conversations (H1-H5)
 

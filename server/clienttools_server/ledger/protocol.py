@@ -11,7 +11,7 @@ of rules over a store per dialect (``core.py``). Example::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from .records import (
@@ -223,6 +223,24 @@ class Ledger(Protocol):
 
     async def sessions_owned_by(self, principal: str) -> list[str]:
         """Every session ``principal`` owns, by name."""
+
+    # the tools each session's pages registered (S2), kept past a restart
+
+    async def remember_tools(
+        self, session: str, specs: Mapping[str, str], now: float, *, keep: int
+    ) -> None:
+        """Set the spec JSON of each named tool of ``session`` (registered at ``now``);
+        the session keeps its ``keep`` newest."""
+        ...
+
+    async def remembered_tools(self, session: str) -> dict[str, str]:
+        """tool name -> spec JSON of every tool remembered for ``session``, oldest first."""
+        ...
+
+    async def prune_session_tools(self, retention: float, now: float) -> int:
+        """Forget the tools registered before ``now - retention`` of the sessions with no
+        unfinished run; how many were forgotten."""
+        ...
 
     # the conversations stored on the server (rules H1-H5)
 

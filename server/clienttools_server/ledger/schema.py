@@ -24,7 +24,7 @@ from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Per dialect: ids and sessions sort by byte (COLLATE "C" on PostgreSQL; SQLite's
 # default BINARY collation is that already), whatever the database's locale.
@@ -32,6 +32,8 @@ _TYPES: dict[Dialect, dict[str, str]] = {
     "sqlite": {"text": "TEXT", "real": "REAL"},
     "postgres": {"text": 'TEXT COLLATE "C"', "real": "DOUBLE PRECISION"},
 }
+
+_PLACEHOLDER: dict[Dialect, str] = {"sqlite": "?", "postgres": "%s"}
 
 # A statement for both dialects, or {dialect: statement} for one that differs
 # (None: nothing to do on that dialect).
@@ -183,6 +185,20 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
         """,
         "CREATE INDEX chat_subscribers_by_process ON chat_subscribers (process_id)",
     ),
+    # 10: the tools each session's pages registered (S2), kept past a restart: a run
+    # resumed before any page of its session is back still offers the model its tools.
+    (
+        """
+        CREATE TABLE session_tools (
+            session    {text} NOT NULL,
+            name       {text} NOT NULL,
+            spec_json  TEXT NOT NULL,
+            updated_at {real} NOT NULL,
+            PRIMARY KEY (session, name)
+        )
+        """,
+        "CREATE INDEX session_tools_by_age ON session_tools (updated_at)",
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -275,3 +291,25 @@ def where(*conditions: Condition) -> tuple[str, list[object]]:
     asked = [condition for condition in conditions if condition is not None]
     params = [param for _, values in asked for param in values]
     return (f"WHERE {' AND '.join(sql for sql, _ in asked)}" if asked else ""), params
+
+
+def trim_session_tools(dialect: Dialect) -> str:
+    """Deletes a session's remembered tools but its ``keep`` newest; parameters: the
+    session, the session again, ``keep``."""
+    p = _PLACEHOLDER[dialect]
+    return (
+        f"DELETE FROM session_tools WHERE session = {p} AND name NOT IN ("
+        f" SELECT name FROM session_tools WHERE session = {p}"
+        f" ORDER BY updated_at DESC, name LIMIT {p})"
+    )
+
+
+def prune_session_tools(dialect: Dialect) -> str:
+    """Deletes the remembered tools last registered before the cutoff (the parameter) of
+    the sessions with no unfinished run: no replay can ask for them any more."""
+    p = _PLACEHOLDER[dialect]
+    return (
+        f"DELETE FROM session_tools WHERE updated_at < {p} AND NOT EXISTS ("
+        " SELECT 1 FROM executions WHERE executions.session = session_tools.session"
+        " AND status IN ('running', 'paused'))"
+    )

@@ -55,12 +55,16 @@ from .schema import (
     STEP_READ,
     applied,
     fence,
+    prune_session_tools,
+    trim_session_tools,
     where,
 )
 from .schema import to_apply as migrations_to_apply
 from .store import Batch
 
 _FENCE = fence("sqlite")
+_TRIM_SESSION_TOOLS = trim_session_tools("sqlite")
+_PRUNE_SESSION_TOOLS = prune_session_tools("sqlite")
 _INSERT_STEP = (
     f"INSERT INTO steps ({STEP_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING"
@@ -196,7 +200,193 @@ class SqliteConnection:
             self._connection = None
 
 
-class SqliteStore(SqliteConnection):
+class _SqliteSessions(SqliteConnection):
+    """The SQLite dialect of the processes, registrations, session owners, their tools and
+    chats."""
+
+    # processes and registrations: one process, so they live in its memory
+
+    async def keep_alive(
+        self, owner: str, now: float, until: float, forget_before: float
+    ) -> frozenset[str]:
+        return frozenset({owner})
+
+    async def register(
+        self, owner: str, connection_id: str, session: str, client_id: str | None, tools: str
+    ) -> int:
+        self._registration_order += 1
+        for other in [
+            r.connection_id
+            for r in self._registrations.values()
+            if client_id is not None and (r.session, r.client_id) == (session, client_id)
+        ]:
+            del self._registrations[other]
+        self._registrations[connection_id] = Registration(
+            connection_id, session, owner, self._registration_order, client_id, tools
+        )
+        return self._registration_order
+
+    async def unregister(self, connection_id: str) -> None:
+        self._registrations.pop(connection_id, None)
+
+    async def registrations(self, owner: str, session: str, now: float) -> list[Registration]:
+        return sorted(
+            (r for r in self._registrations.values() if r.session == session),
+            key=lambda r: r.order,
+        )
+
+    async def registered(self, owner: str, connection_id: str, now: float) -> bool:
+        return connection_id in self._registrations
+
+    async def notify(
+        self, owner: str, process_id: str | None, kind: str, args: Sequence[str]
+    ) -> None:
+        # One process, nobody to tell: callers take the local path for this one.
+        if process_id is not None and process_id != owner:
+            raise RuntimeError(
+                f"a SQLite ledger has one process; it cannot notify process {process_id}"
+            )
+
+    # who owns each session (O1)
+
+    async def claim_session(self, session: str, principal: str, now: float) -> str:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO session_owners (session, principal, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (session) DO NOTHING",
+                (session, principal, now),
+            )
+            (owner,) = db.execute(
+                "SELECT principal FROM session_owners WHERE session = ?", (session,)
+            ).fetchone()
+        return str(owner)
+
+    async def session_owner(self, session: str) -> str | None:
+        row = self._db.execute(
+            "SELECT principal FROM session_owners WHERE session = ?", (session,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    async def sessions_owned_by(self, principal: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT session FROM session_owners WHERE principal = ? ORDER BY session",
+            (principal,),
+        ).fetchall()
+        return [str(session) for (session,) in rows]
+
+    # the tools each session's pages registered (S2)
+
+    async def remember_tools(
+        self, session: str, specs: Sequence[tuple[str, str]], now: float, keep: int
+    ) -> None:
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO session_tools (session, name, spec_json, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (session, name) DO UPDATE SET "
+                "spec_json = excluded.spec_json, updated_at = excluded.updated_at",
+                [(session, name, spec, now) for name, spec in specs],
+            )
+            db.execute(_TRIM_SESSION_TOOLS, (session, session, keep))
+
+    async def remembered_tools(self, session: str) -> list[tuple[str, str]]:
+        rows = self._db.execute(
+            "SELECT name, spec_json FROM session_tools WHERE session = ? ORDER BY updated_at, name",
+            (session,),
+        ).fetchall()
+        return [(str(name), str(spec)) for name, spec in rows]
+
+    async def prune_session_tools(self, cutoff: float) -> int:
+        with self._write() as db:
+            return int(db.execute(_PRUNE_SESSION_TOOLS, (cutoff,)).rowcount)
+
+    # the conversations (H1-H5)
+
+    async def get_chat(self, chat_id: str) -> StoredChat | None:
+        db = self._db
+        row = db.execute(
+            "SELECT session, version, updated_at, streaming FROM chats WHERE id = ?", (chat_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        messages = db.execute(
+            "SELECT message_json FROM chat_messages WHERE chat_id = ? ORDER BY position",
+            (chat_id,),
+        ).fetchall()
+        return StoredChat(chat_id, row[0], row[1], row[2], tuple(m[0] for m in messages), row[3])
+
+    # One process: its subscribers are its own, so nothing is recorded (or told).
+
+    async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None:
+        return await self.get_chat(chat_id)
+
+    async def unsubscribe_chat(self, owner: str, chat_id: str) -> None:
+        return None
+
+    async def locked_chat(
+        self, tx: sqlite3.Connection, chat_id: str, session: str, now: float
+    ) -> tuple[str, int, int]:
+        tx.execute(
+            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+            "VALUES (?, ?, 0, 0, NULL, ?) ON CONFLICT (id) DO NOTHING",
+            (chat_id, session, now),
+        )
+        owner, version, count = tx.execute(
+            "SELECT session, version, message_count FROM chats WHERE id = ?", (chat_id,)
+        ).fetchone()
+        return str(owner), int(version), int(count)
+
+    async def store_chat(
+        self, owner: str, tx: sqlite3.Connection, chat_id: str, keep: int,
+        messages: Sequence[str], version: int, streaming: str | None, now: float,
+    ) -> None:  # fmt: skip
+        tx.execute("DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, keep))
+        tx.executemany(
+            "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?)",
+            [(chat_id, keep + i, text) for i, text in enumerate(messages)],
+        )
+        tx.execute(
+            "UPDATE chats SET version = ?, message_count = ?, streaming = ?, updated_at = ? "
+            "WHERE id = ?",
+            (version, keep + len(messages), streaming, now, chat_id),
+        )
+
+    async def delete_chat(self, owner: str, chat_id: str) -> bool:
+        with self._write() as db:
+            return bool(db.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount)
+
+    async def chats(
+        self, session: str | None, limit: int, before: tuple[float, str] | None,
+        sessions: Collection[str] | None,
+    ) -> list[ChatSummary]:  # fmt: skip
+        clause, params = where(
+            None if session is None else ("session = ?", [session]),
+            None if sessions is None else (f"session IN ({_marks(sessions)})", list(sessions)),
+            None
+            if before is None
+            else ("(updated_at < ? OR (updated_at = ? AND id < ?))", [before[0], *before]),
+        )
+        rows = self._db.execute(
+            "SELECT id, session, message_count, version, updated_at FROM chats "
+            f"{clause} ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+        return [ChatSummary(*row) for row in rows]
+
+    async def prune_chats(self, cutoff: float) -> int:
+        with self._write() as db:
+            # A response that can no longer finish (its run ended without a last
+            # save, or expired) does not keep its chat alive.
+            return int(
+                db.execute(
+                    "DELETE FROM chats WHERE updated_at < ? AND (streaming IS NULL OR NOT EXISTS ("
+                    " SELECT 1 FROM executions WHERE id = streaming "
+                    " AND status IN ('running', 'paused')))",
+                    (cutoff,),
+                ).rowcount
+            )
+
+
+class SqliteStore(_SqliteSessions):
     """The SQLite dialect of every ledger operation, on the connection of its base class."""
 
     # leases
@@ -437,162 +627,6 @@ class SqliteStore(SqliteConnection):
         return [
             (str(r), str(c), None if o is None else str(o)) for r, c, o in rows if r is not None
         ]
-
-    # processes and registrations: one process, so they live in its memory
-
-    async def keep_alive(
-        self, owner: str, now: float, until: float, forget_before: float
-    ) -> frozenset[str]:
-        return frozenset({owner})
-
-    async def register(
-        self, owner: str, connection_id: str, session: str, client_id: str | None, tools: str
-    ) -> int:
-        self._registration_order += 1
-        for other in [
-            r.connection_id
-            for r in self._registrations.values()
-            if client_id is not None and (r.session, r.client_id) == (session, client_id)
-        ]:
-            del self._registrations[other]
-        self._registrations[connection_id] = Registration(
-            connection_id, session, owner, self._registration_order, client_id, tools
-        )
-        return self._registration_order
-
-    async def unregister(self, connection_id: str) -> None:
-        self._registrations.pop(connection_id, None)
-
-    async def registrations(self, owner: str, session: str, now: float) -> list[Registration]:
-        return sorted(
-            (r for r in self._registrations.values() if r.session == session),
-            key=lambda r: r.order,
-        )
-
-    async def registered(self, owner: str, connection_id: str, now: float) -> bool:
-        return connection_id in self._registrations
-
-    async def notify(
-        self, owner: str, process_id: str | None, kind: str, args: Sequence[str]
-    ) -> None:
-        # One process, nobody to tell: callers take the local path for this one.
-        if process_id is not None and process_id != owner:
-            raise RuntimeError(
-                f"a SQLite ledger has one process; it cannot notify process {process_id}"
-            )
-
-    # who owns each session (O1)
-
-    async def claim_session(self, session: str, principal: str, now: float) -> str:
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO session_owners (session, principal, created_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (session) DO NOTHING",
-                (session, principal, now),
-            )
-            (owner,) = db.execute(
-                "SELECT principal FROM session_owners WHERE session = ?", (session,)
-            ).fetchone()
-        return str(owner)
-
-    async def session_owner(self, session: str) -> str | None:
-        row = self._db.execute(
-            "SELECT principal FROM session_owners WHERE session = ?", (session,)
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    async def sessions_owned_by(self, principal: str) -> list[str]:
-        rows = self._db.execute(
-            "SELECT session FROM session_owners WHERE principal = ? ORDER BY session",
-            (principal,),
-        ).fetchall()
-        return [str(session) for (session,) in rows]
-
-    # the conversations (H1-H5)
-
-    async def get_chat(self, chat_id: str) -> StoredChat | None:
-        db = self._db
-        row = db.execute(
-            "SELECT session, version, updated_at, streaming FROM chats WHERE id = ?", (chat_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        messages = db.execute(
-            "SELECT message_json FROM chat_messages WHERE chat_id = ? ORDER BY position",
-            (chat_id,),
-        ).fetchall()
-        return StoredChat(chat_id, row[0], row[1], row[2], tuple(m[0] for m in messages), row[3])
-
-    # One process: its subscribers are its own, so nothing is recorded (or told).
-
-    async def subscribe_chat(self, owner: str, chat_id: str) -> StoredChat | None:
-        return await self.get_chat(chat_id)
-
-    async def unsubscribe_chat(self, owner: str, chat_id: str) -> None:
-        return None
-
-    async def locked_chat(
-        self, tx: sqlite3.Connection, chat_id: str, session: str, now: float
-    ) -> tuple[str, int, int]:
-        tx.execute(
-            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
-            "VALUES (?, ?, 0, 0, NULL, ?) ON CONFLICT (id) DO NOTHING",
-            (chat_id, session, now),
-        )
-        owner, version, count = tx.execute(
-            "SELECT session, version, message_count FROM chats WHERE id = ?", (chat_id,)
-        ).fetchone()
-        return str(owner), int(version), int(count)
-
-    async def store_chat(
-        self, owner: str, tx: sqlite3.Connection, chat_id: str, keep: int,
-        messages: Sequence[str], version: int, streaming: str | None, now: float,
-    ) -> None:  # fmt: skip
-        tx.execute("DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, keep))
-        tx.executemany(
-            "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?)",
-            [(chat_id, keep + i, text) for i, text in enumerate(messages)],
-        )
-        tx.execute(
-            "UPDATE chats SET version = ?, message_count = ?, streaming = ?, updated_at = ? "
-            "WHERE id = ?",
-            (version, keep + len(messages), streaming, now, chat_id),
-        )
-
-    async def delete_chat(self, owner: str, chat_id: str) -> bool:
-        with self._write() as db:
-            return bool(db.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount)
-
-    async def chats(
-        self, session: str | None, limit: int, before: tuple[float, str] | None,
-        sessions: Collection[str] | None,
-    ) -> list[ChatSummary]:  # fmt: skip
-        clause, params = where(
-            None if session is None else ("session = ?", [session]),
-            None if sessions is None else (f"session IN ({_marks(sessions)})", list(sessions)),
-            None
-            if before is None
-            else ("(updated_at < ? OR (updated_at = ? AND id < ?))", [before[0], *before]),
-        )
-        rows = self._db.execute(
-            "SELECT id, session, message_count, version, updated_at FROM chats "
-            f"{clause} ORDER BY updated_at DESC, id DESC LIMIT ?",
-            (*params, limit),
-        ).fetchall()
-        return [ChatSummary(*row) for row in rows]
-
-    async def prune_chats(self, cutoff: float) -> int:
-        with self._write() as db:
-            # A response that can no longer finish (its run ended without a last
-            # save, or expired) does not keep its chat alive.
-            return int(
-                db.execute(
-                    "DELETE FROM chats WHERE updated_at < ? AND (streaming IS NULL OR NOT EXISTS ("
-                    " SELECT 1 FROM executions WHERE id = streaming "
-                    " AND status IN ('running', 'paused')))",
-                    (cutoff,),
-                ).rowcount
-            )
 
 
 class SqliteLedger(LedgerCore[sqlite3.Connection]):

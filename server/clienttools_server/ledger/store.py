@@ -192,6 +192,20 @@ class Store(Protocol[Tx]):
 
     async def sessions_owned_by(self, principal: str) -> list[str]: ...
 
+    # the tools each session's pages registered (S2)
+
+    async def remember_tools(
+        self, session: str, specs: Sequence[tuple[str, str]], now: float, keep: int
+    ) -> None:
+        """Set the (name, spec JSON) rows of the session; keep its ``keep`` newest."""
+        ...
+
+    async def remembered_tools(self, session: str) -> list[tuple[str, str]]:
+        """The session's (name, spec JSON) rows, oldest first."""
+        ...
+
+    async def prune_session_tools(self, cutoff: float) -> int: ...
+
     # the conversations
 
     async def get_chat(self, chat_id: str) -> StoredChat | None: ...
