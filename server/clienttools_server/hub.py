@@ -88,7 +88,7 @@ class Hub:
         server_toolset = ServerToolset(dict(server_tools))
         reserved = frozenset(server_tools) | agent_tool_names(agent)
         schemas = OutputSchemas()
-        self.pages = Pages(ledger, reserved, schemas)
+        self.pages = Pages(ledger, reserved, schemas, clock.now)
         self.browser = CallProxy(
             ledger, config, self.pages.find_peer, durable=durable, clock=clock,
             find_spec=self.pages.tool_spec, schemas=schemas,

@@ -125,6 +125,12 @@ class Maintenance:
         chats = await self.conversations.prune(self.config.finished_retention)
         if chats:
             logger.debug("pruned %d chats", chats)
+        # And a session's tools, once no run of it can be replayed.
+        tools = await self.ledger.prune_session_tools(
+            self.config.finished_retention, self.clock.now()
+        )
+        if tools:
+            logger.debug("pruned %d remembered tools", tools)
         return pruned
 
     async def _expire_periodically(self) -> None:

@@ -235,12 +235,14 @@ async def test_a_model_answer_that_could_not_be_recorded_shows_none_of_its_calls
         assert execution.status == "error"
 
 
-async def test_a_restart_while_a_model_answer_is_recorded_shows_only_the_answer_after_it(
+async def test_a_restart_while_a_model_answer_is_written_asks_again_with_the_pages_tools(
     tmp_path: Path, chunk_collector: ChunkCollector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server stops while its database still writes the model's answer: the
-    # answer is not recorded, so the run after the restart asks the model again
-    # and gets a call with another id. The page, resuming after what it had, gets
+    # answer is not recorded, so the run resumed after the restart asks the model
+    # again, before the page is back. The model is still offered the page's tool
+    # (the ledger kept the session's tools), so the call it makes waits for the
+    # page instead of failing as unknown. The page, resuming after what it had, gets
     # that call, its output and the end, and never the call the lost answer held.
     db = tmp_path / "ledger.sqlite3"
     async with running_server(_config(db)) as server:
@@ -256,13 +258,25 @@ async def test_a_restart_while_a_model_answer_is_recorded_shows_only_the_answer_
 
         monkeypatch.setattr(ledger, "record_step", slow)
         tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
-        request_id = await tab.start_chat("call server_time {}", chat_id="chat-r")
+        await tab.register([tool_spec("t")], client_id="page-1")
+        request_id = await tab.start_chat('call t {"k": 1}', chat_id="chat-r")
         await asyncio.wait_for(writing.wait(), 10)
     seen = list(tab.chunks.get(request_id, []))
     await tab.close()
     assert [c["type"] for c in seen] == ["start", "start-step"]
     async with running_server(_config(db)) as server:
+        ledger = server.app.state.ledger
+        [execution] = await ledger.executions()
+
+        async def waits_for_the_page() -> bool:
+            return [(s.name, s.state) for s in await ledger.steps(execution.id)][1:] == [
+                ("t", "pending")
+            ]
+
+        await wait_until(waits_for_the_page, 10, "the call, made before the page is back")
         tab = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await tab.register([tool_spec("t")], client_id="page-1")
+        invoke = await tab.expect("cf_agent_client_tool_invoke")
         tab.resume_from["res"] = len(seen)
         await tab.send(
             {
@@ -270,14 +284,19 @@ async def test_a_restart_while_a_model_answer_is_recorded_shows_only_the_answer_
                 "lastSequence": len(seen) - 1, "headers": {}, "body": {},
             }
         )  # fmt: skip
+        await tab.expect("start", requestId="res")
+        await tab.send_result(invoke["requestId"], output="done")
         response = await tab.response("res")
         assert not tab.violations
         await tab.close()
         await settled(server.hub)
-    kinds = [c["type"] for c in response.chunks]
-    assert kinds[:3] == ["tool-input-start", "tool-input-available", "tool-output-available"]
-    assert len({c["toolCallId"] for c in response.chunks if "toolCallId" in c}) == 1
-    assert response.text.startswith("server_time -> ")
+    calls = [(c["type"], c.get("toolCallId")) for c in response.chunks if "toolCallId" in c]
+    assert calls == [
+        ("tool-input-start", invoke["toolCallId"]),
+        ("tool-input-available", invoke["toolCallId"]),
+        ("tool-output-available", invoke["toolCallId"]),
+    ]
+    assert response.text == 't -> "done"'
 
 
 async def test_finished_executions_are_pruned_after_the_retention(

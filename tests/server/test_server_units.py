@@ -25,7 +25,7 @@ from pydantic_ai.messages import (
 from server_harness import FakeBrowser
 from websockets.asyncio.client import connect
 
-from clienttools.protocol import ChunkFrame, PingFrame, dump_frame
+from clienttools.protocol import ChunkFrame, PingFrame, ToolSpec, dump_frame
 from clienttools_server.__main__ import config_from_args, parser
 from clienttools_server.agent.scripted import parse_call_line, scripted_model, words
 from clienttools_server.app import StaticDirs, running_server
@@ -37,6 +37,7 @@ from clienttools_server.calls.delivery import (
     next_delivery_state,
 )
 from clienttools_server.calls.output_schemas import OutputSchemas
+from clienttools_server.calls.remembered import RememberedTools
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
 from clienttools_server.wire.connection import frame_text
 from clienttools_server.wire.keepalive import SLOTS, Pinger
@@ -444,3 +445,20 @@ def test_a_chunk_frame_reads_as_dump_frame_writes_it(chunk: dict[str, Any]) -> N
         "type": "chunk", "requestId": "r\u00e9-1", "sequence": 7, "chunk": chunk,
     }  # fmt: skip
     assert frame_text(PingFrame(t=1.5)) == dump_frame(PingFrame(t=1.5))
+
+
+def test_tools_recalled_from_the_ledger_leave_those_registered_since_as_they_are() -> None:
+    def spec(name: str, description: str) -> ToolSpec:
+        return ToolSpec(name=name, description=description, inputSchema={})
+
+    remembered = RememberedTools(max_tools=3)
+    remembered.remember("s", {"a": spec("a", "since"), "w": spec("w", "since")})
+    remembered.recall("s", {"a": spec("a", "kept"), "y": spec("y", "kept"), "z": spec("z", "kept")})
+    # Over the cap of 3, the oldest of the recalled ones goes, not one registered since.
+    assert [(n, t.description) for n, t in remembered.of("s").items()] == [
+        ("z", "kept"),
+        ("a", "since"),
+        ("w", "since"),
+    ]
+    remembered.recall("other", {"c": spec("c", "kept")})
+    assert list(remembered.of("other")) == ["c"]

@@ -27,6 +27,7 @@ from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.app import running_server
 from clienttools_server.config import ServerConfig
+from clienttools_server.ledger.postgres import PostgresLedger
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
 from tests.server.server_harness import Response, settled
 from tests.server.test_leases import AGENT, GatedPage, model_requests, run_of, taken_over
@@ -297,6 +298,61 @@ async def test_a_run_taken_over_after_its_owner_died_is_resumed_on_a_third_proce
     assert not on_b.violations  # B's sequence numbers went on from A's
     assert execution.generation == 2 and execution.owner in owners  # taken over by C
     assert page.executions == {("t", 1): 1, ("t", 2): 1}
+
+
+async def test_a_run_taken_over_before_its_page_is_back_offers_the_model_the_pages_tools(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    # A dies while its model answers, and the page's socket with it. B takes the run
+    # over and asks the model again before the page is back anywhere. The model is
+    # still offered the page's tool (the ledger kept the session's tools), so its call
+    # waits for the page instead of failing as unknown, and goes to it once it is back.
+    url = postgres.fresh_url()
+    gate = asyncio.Event()
+    gate.set()
+    hold = tmp_path / "hold"
+    prompt = prompt_for("k", [4])
+    async with (
+        processes(url, tmp_path, a=LEASE, b=LEASE) as (a, b),
+        FaultProxy("127.0.0.1", a.port) as proxy,  # the page's load balancer
+    ):
+        base = await undisturbed(b, prompt)
+        asked = ('call work {"n":4,"tag":"k"}', 0)  # the first model request
+        before = model_requests(tmp_path)[asked]
+        page = await GatedPage.open(proxy.url("/agents/chat/s"), gate)
+        try:
+            hold.touch()
+            on_a = await ChatPeer.open(a.ws_url("s"))
+            await on_a.browser.start_chat(prompt, "c1")
+            await wait_until(
+                lambda: model_requests(tmp_path)[asked] == before + 1, TIMEOUT, "A's model"
+            )
+            await asyncio.to_thread(a.kill)  # the proxy still points at A: no page is back
+            hold.unlink()
+            async with reader(url) as ledger:
+                await wait_until(lambda: taken_over(ledger, "c1"), TIMEOUT, "B's take-over")
+                await wait_until(
+                    lambda: call_waits(ledger, "c1"), TIMEOUT, "B's call, before the page is back"
+                )
+            proxy.upstream_port = b.port
+            on_b = await ChatPeer.open(b.ws_url("s"))
+            rest = await resume(on_b, "c1")
+            await started(on_b, rest)
+            from_b = await on_b.response(rest)
+            await on_b.close()
+        finally:
+            await page.close()
+    assert model_requests(tmp_path)[asked] == before + 2  # A's and B's
+    assert from_b.final["type"] == "end"
+    assert normalized(from_b.chunks) == normalized(base.chunks)
+    assert not on_b.violations
+    assert page.executions == {("k", 4): 1}
+
+
+async def call_waits(ledger: PostgresLedger, chat_id: str) -> bool:
+    """Whether the chat's run has a call of `work` waiting for a page."""
+    execution = await run_of(ledger, chat_id)
+    return any(s.name == "work" and s.state == "pending" for s in await ledger.steps(execution.id))
 
 
 class GatesPage:

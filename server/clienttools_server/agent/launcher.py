@@ -136,6 +136,8 @@ class RunLauncher:
                 "resuming run %s of session %s (lease generation %d)",
                 execution.id, execution.session, execution.generation,
             )  # fmt: skip
+            # Its pages may not be back yet: the model is offered the tools they had.
+            await self.pages.recall(execution.session)
             await self._launch(execution.id, execution.session, request)
             resumed.append(execution.id)
         return resumed

@@ -7,16 +7,19 @@ another process (a :class:`~clienttools_server.cluster.routing.RemotePeer`).
 A registration is checked here (names, counts, sizes, the outputSchema) and
 acked with what was accepted and what was rejected, and why.
 
-    pages = Pages(ledger, reserved_names=frozenset({"now"}), schemas=OutputSchemas())
+    pages = Pages(ledger, reserved_names=frozenset({"now"}), schemas=OutputSchemas(),
+                  now=clock.now)
     pages.attach(connection)
     await pages.register(connection, frame)      # sets its tools, sends the tools ack
     peer = await pages.find_peer("desk", "locate")
+    await pages.recall("desk")                   # a resumed run: the tools the ledger kept
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -34,10 +37,12 @@ from ..cluster.routing import Peers, tools_json
 from ..ledger import Ledger
 from .delivery import Peer
 from .output_schemas import OutputSchemas
-from .remembered import RememberedTools
+from .remembered import MAX_REMEMBERED_TOOLS, RememberedTools
 
 if TYPE_CHECKING:
     from ..agent.chunk_log import ChunkLog
+
+logger = logging.getLogger(__name__)
 
 
 class Client(Peer, Protocol):
@@ -70,9 +75,11 @@ class Pages:
         ledger: Ledger,
         reserved_names: frozenset[str],
         schemas: OutputSchemas,
+        now: Callable[[], float],
         peers: Peers | None = None,
     ) -> None:
         self.ledger = ledger
+        self.now = now
         # Names a page tool cannot take: the server's tools and the agent's own.
         self.reserved_names = reserved_names
         self.schemas = schemas
@@ -153,6 +160,18 @@ class Pages:
                 accepted[spec.name] = spec
             else:
                 rejected.append(RejectedTool(name=spec.name, reason=reason))
+        # Kept in the ledger before the ack, each registration (so the time of the
+        # last one is kept too): a page acked is a page whose tools a replay after a
+        # restart can offer. The ledger away: no ack, and the page registers again.
+        await self.ledger.remember_tools(
+            client.session,
+            {
+                name: spec.model_dump_json(by_alias=True, exclude_none=True)
+                for name, spec in accepted.items()
+            },
+            self.now(),
+            keep=MAX_REMEMBERED_TOOLS,
+        )
         if self.peers is not None:
             order = await self.ledger.register(
                 client.id, client.session, frame.client_id, tools_json(accepted)
@@ -163,6 +182,17 @@ class Pages:
         client.set_tools(frame.client_id, accepted, order)
         self.remembered.remember(client.session, accepted)
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
+
+    async def recall(self, session: str) -> None:
+        """Add the session's tools the ledger kept to those remembered here: for a run
+        resumed before any page of the session registered on this process."""
+        specs: dict[str, ToolSpec] = {}
+        for name, text in (await self.ledger.remembered_tools(session)).items():
+            try:
+                specs[name] = ToolSpec.model_validate_json(text)
+            except ValueError:
+                logger.warning("session %s: the kept spec of tool %r is unreadable", session, name)
+        self.remembered.recall(session, specs)
 
     async def tool_spec(self, session: str, name: str) -> ToolSpec | None:
         """S2: the spec of the session's newest live page that offers the tool, else the

@@ -10,6 +10,10 @@ calls then fail as unknown_tool).
     >>> remembered.remember("s1", {"t": ToolSpec(name="t", description="", inputSchema={})})
     >>> remembered.get("s1", "t").name, remembered.get("s2", "t")
     ('t', None)
+
+The ledger keeps them too (``Ledger.remember_tools``), so that a run resumed after
+a restart, or taken over by another process, before any page of its session is
+back still offers the model the session's tools (:meth:`Pages.recall`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class RememberedTools:
         self._known: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
 
     def remember(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
+        """Remember specs a page of the session registered now."""
         known = self._known.pop(session, {})
         for name, spec in specs.items():
             known.pop(name, None)  # re-inserted last: the newest registrations survive the cap
@@ -45,6 +50,12 @@ class RememberedTools:
         self._known[session] = known
         while len(self._known) > self.max_sessions:
             self._known.popitem(last=False)
+
+    def recall(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
+        """Add older specs of the session (from the ledger): those it has stay as they are."""
+        known = self._known.get(session, {})
+        older = {name: spec for name, spec in specs.items() if name not in known}
+        self.remember(session, {**older, **known})  # the older first: the cap drops them first
 
     def get(self, session: str, name: str) -> ToolSpec | None:
         known = self._known.get(session)
