@@ -299,6 +299,37 @@ async def test_a_restart_while_a_model_answer_is_written_asks_again_with_the_pag
     assert response.text == 't -> "done"'
 
 
+async def test_a_chat_after_a_restart_before_the_page_is_back_may_call_its_tools(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    # S2 across a restart: the session's tools the page registered before it are
+    # offered to the model at once, and the call waits for the page to come back.
+    db = tmp_path / "ledger.sqlite3"
+    async with running_server(_config(db)) as server:
+        page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await page.register([tool_spec("t")], client_id="page-1")
+        await page.close()
+    async with running_server(_config(db)) as server:
+        chat = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        request_id = await chat.start_chat('call t {"k": 1}', chat_id="chat-n")
+        ledger = server.app.state.ledger
+
+        async def waits_for_the_page() -> bool:
+            executions = await ledger.executions()
+            steps = await ledger.steps(executions[0].id) if executions else []
+            return [(s.name, s.state) for s in steps][1:] == [("t", "pending")]
+
+        await wait_until(waits_for_the_page, 10, "the call, made before the page is back")
+        page = await FakeBrowser.connect(server.ws_url("s1"), chunk_collector)
+        await page.register([tool_spec("t")], client_id="page-1")
+        invoke = await page.expect("cf_agent_client_tool_invoke")
+        await page.send_result(invoke["requestId"], output="back")
+        assert (await chat.response(request_id)).text == 't -> "back"'
+        await page.close()
+        await chat.close()
+        await settled(server.hub)
+
+
 async def test_finished_executions_are_pruned_after_the_retention(
     chunk_collector: ChunkCollector,
 ) -> None:

@@ -185,7 +185,7 @@ class Pages:
 
     async def recall(self, session: str) -> None:
         """Add the session's tools the ledger kept to those remembered here: for a run
-        resumed before any page of the session registered on this process."""
+        resumed, or started, before any page of the session registered on this process."""
         specs: dict[str, ToolSpec] = {}
         for name, text in (await self.ledger.remembered_tools(session)).items():
             try:
@@ -204,8 +204,12 @@ class Pages:
     async def session_specs(self, session_name: str) -> dict[str, ToolSpec]:
         """S2: every tool the session's pages registered, live or not; a live page's spec wins.
 
-        A call to one whose page is gone waits for the next page that registers it.
+        A call to one whose page is gone waits for the next page that registers it. A
+        session this process has not met yet (since it started) first recalls the
+        tools the ledger kept for it.
         """
+        if not self.remembered.knows(session_name):
+            await self.recall(session_name)
         specs = self.remembered.of(session_name)
         if self.peers is not None:
             for _, tools in await self.peers.live(session_name):

@@ -57,6 +57,10 @@ class RememberedTools:
         older = {name: spec for name, spec in specs.items() if name not in known}
         self.remember(session, {**older, **known})  # the older first: the cap drops them first
 
+    def knows(self, session: str) -> bool:
+        """Whether a page of the session registered here, or its tools were recalled."""
+        return session in self._known
+
     def get(self, session: str, name: str) -> ToolSpec | None:
         known = self._known.get(session)
         return None if known is None else known.get(name)
