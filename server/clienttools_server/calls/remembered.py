@@ -11,9 +11,9 @@ calls then fail as unknown_tool).
     >>> remembered.get("s1", "t").name, remembered.get("s2", "t")
     ('t', None)
 
-The ledger keeps them too (``Ledger.remember_tools``), so that a run resumed after
-a restart, or taken over by another process, before any page of its session is
-back still offers the model the session's tools (:meth:`Pages.recall`).
+The ledger keeps them too (``Ledger.remember_tools``), so that a run started or
+resumed after a restart, or taken over by another process, before any page of its
+session is back still offers the model the session's tools (``Pages.recall``).
 """
 
 from __future__ import annotations
