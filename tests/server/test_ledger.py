@@ -1648,7 +1648,8 @@ async def test_a_sessions_tools_are_kept_newest_last_and_capped(ledger: Ledger) 
     assert list(await ledger.remembered_tools("desk")) == ["b", "c", "d"]
     assert await ledger.remembered_tools("bench") == {"x": "{}"}
     assert await ledger.remembered_tools("attic") == {}
-    await ledger.remember_tools("desk", {}, T0 + 4, keep=3)  # nothing new: nothing written
+    await ledger.remember_tools("desk", {}, T0 + 4, keep=3)  # nothing to write
+    assert list(await ledger.remembered_tools("desk")) == ["b", "c", "d"]
     with pytest.raises(ValueError):
         await ledger.remember_tools("desk", {"e": "{}"}, T0, keep=0)
 

@@ -37,8 +37,9 @@ from clienttools_server.calls.delivery import (
     next_delivery_state,
 )
 from clienttools_server.calls.output_schemas import OutputSchemas
-from clienttools_server.calls.remembered import RememberedTools
+from clienttools_server.calls.pages import Pages
 from clienttools_server.config import DB_RETENTION, MEMORY_RETENTION, ServerConfig
+from clienttools_server.ledger import SqliteLedger
 from clienttools_server.wire.connection import frame_text
 from clienttools_server.wire.keepalive import SLOTS, Pinger
 from tests.support.clock import ManualClock
@@ -447,18 +448,25 @@ def test_a_chunk_frame_reads_as_dump_frame_writes_it(chunk: dict[str, Any]) -> N
     assert frame_text(PingFrame(t=1.5)) == dump_frame(PingFrame(t=1.5))
 
 
-def test_tools_recalled_from_the_ledger_leave_those_registered_since_as_they_are() -> None:
+async def test_a_recall_takes_the_ledgers_newest_specs_and_survives_a_ledger_away() -> None:
     def spec(name: str, description: str) -> ToolSpec:
         return ToolSpec(name=name, description=description, inputSchema={})
 
-    remembered = RememberedTools(max_tools=3)
-    remembered.remember("s", {"a": spec("a", "since"), "w": spec("w", "since")})
-    remembered.recall("s", {"a": spec("a", "kept"), "y": spec("y", "kept"), "z": spec("z", "kept")})
-    # Over the cap of 3, the oldest of the recalled ones goes, not one registered since.
-    assert [(n, t.description) for n, t in remembered.of("s").items()] == [
-        ("z", "kept"),
-        ("a", "since"),
-        ("w", "since"),
-    ]
-    remembered.recall("other", {"c": spec("c", "kept")})
-    assert list(remembered.of("other")) == ["c"]
+    def described(session: str) -> dict[str, str]:
+        return {n: t.description for n, t in pages.remembered.of(session).items()}
+
+    ledger = SqliteLedger(":memory:")
+    pages = Pages(ledger, frozenset(), OutputSchemas(), now=lambda: 0.0)
+    pages.remembered.remember("s", {"a": spec("a", "seen here"), "w": spec("w", "seen here")})
+    kept = {n: spec(n, "newer, from another process").model_dump_json() for n in ("a", "b")}
+    await ledger.remember_tools("s", kept, 1.0, keep=8)
+    await pages.recall("s")
+    assert described("s") == {
+        "w": "seen here",  # not in the ledger (pruned, say): what is remembered here stays
+        "a": "newer, from another process",
+        "b": "newer, from another process",
+    }
+    await ledger.close()  # a ledger that cannot be read changes nothing, and says so
+    await pages.recall("t")
+    assert not pages.remembered.knows("t")
+    assert described("s")["a"] == "newer, from another process"

@@ -71,7 +71,8 @@ def test_a_log_that_follows_anew_sends_its_pages_only_what_they_lack() -> None:
 
 def test_a_log_that_follows_anew_matches_each_chunk_it_has_once() -> None:
     x: Chunk = {"type": "start-step"}
-    log = ChunkLog("chat", published=[x])
+    log = ChunkLog("chat")
+    log.append(x)
     log.follow_anew()
     for chunk in (x, x):  # its one, then a second one it does not have
         log.append(chunk)

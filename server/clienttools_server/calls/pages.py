@@ -163,15 +163,16 @@ class Pages:
         # Kept in the ledger before the ack, each registration (so the time of the
         # last one is kept too): a page acked is a page whose tools a replay after a
         # restart can offer. The ledger away: no ack, and the page registers again.
-        await self.ledger.remember_tools(
-            client.session,
-            {
-                name: spec.model_dump_json(by_alias=True, exclude_none=True)
-                for name, spec in accepted.items()
-            },
-            self.now(),
-            keep=MAX_REMEMBERED_TOOLS,
-        )
+        if accepted:
+            await self.ledger.remember_tools(
+                client.session,
+                {
+                    name: spec.model_dump_json(by_alias=True, exclude_none=True)
+                    for name, spec in accepted.items()
+                },
+                self.now(),
+                keep=MAX_REMEMBERED_TOOLS,
+            )
         if self.peers is not None:
             order = await self.ledger.register(
                 client.id, client.session, frame.client_id, tools_json(accepted)
@@ -184,15 +185,26 @@ class Pages:
         client.send(ToolsAckFrame(accepted=list(accepted), rejected=rejected))
 
     async def recall(self, session: str) -> None:
-        """Add the session's tools the ledger kept to those remembered here: for a run
-        resumed, or started, before any page of the session registered on this process."""
+        """Remember the session's tools the ledger kept: for a run resumed, or started,
+        before any page of the session registered on this process.
+
+        The ledger's spec of a tool is the newest (every registration, on any process,
+        writes it before it is remembered), so it replaces the one remembered here. A
+        ledger that cannot be read leaves things as they were (logged): the offered
+        tools are then those known here, and a later run of the session tries again.
+        """
+        try:
+            kept = await self.ledger.remembered_tools(session)
+        except Exception as exc:
+            logger.warning("session %s: its kept tools could not be read: %s", session, exc)
+            return
         specs: dict[str, ToolSpec] = {}
-        for name, text in (await self.ledger.remembered_tools(session)).items():
+        for name, text in kept.items():
             try:
                 specs[name] = ToolSpec.model_validate_json(text)
             except ValueError:
                 logger.warning("session %s: the kept spec of tool %r is unreadable", session, name)
-        self.remembered.recall(session, specs)
+        self.remembered.remember(session, specs)
 
     async def tool_spec(self, session: str, name: str) -> ToolSpec | None:
         """S2: the spec of the session's newest live page that offers the tool, else the

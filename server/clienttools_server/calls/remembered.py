@@ -40,7 +40,7 @@ class RememberedTools:
         self._known: OrderedDict[str, dict[str, ToolSpec]] = OrderedDict()
 
     def remember(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
-        """Remember specs a page of the session registered now."""
+        """Remember the newest specs of the session's tools (registered now, or recalled)."""
         known = self._known.pop(session, {})
         for name, spec in specs.items():
             known.pop(name, None)  # re-inserted last: the newest registrations survive the cap
@@ -50,12 +50,6 @@ class RememberedTools:
         self._known[session] = known
         while len(self._known) > self.max_sessions:
             self._known.popitem(last=False)
-
-    def recall(self, session: str, specs: Mapping[str, ToolSpec]) -> None:
-        """Add older specs of the session (from the ledger): those it has stay as they are."""
-        known = self._known.get(session, {})
-        older = {name: spec for name, spec in specs.items() if name not in known}
-        self.remember(session, {**older, **known})  # the older first: the cap drops them first
 
     def knows(self, session: str) -> bool:
         """Whether a page of the session registered here, or its tools were recalled."""

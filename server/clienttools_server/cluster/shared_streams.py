@@ -29,6 +29,9 @@ process can serve a page's ``resume``:
   chat sockets get the rest from the new owner. It mirrors the record from its
   start, matching its chunks by value to those its pages already have: they
   may have had chunks never published, and the replay's order may differ.
+  (Streamed text of a model answer that was never recorded, and that the new
+  owner's model answers differently, matches nothing: the pages keep it, and
+  its sequence numbers, so theirs run past the record's by as many.)
 - **abort** on a follower's process reaches the owner (``abort-run``); a
   ``send`` for a chat with an unfinished execution is refused by the ledger
   (:class:`~clienttools_server.ledger.ChatBusy`).

@@ -294,13 +294,13 @@ def where(*conditions: Condition) -> tuple[str, list[object]]:
 
 
 def trim_session_tools(dialect: Dialect) -> str:
-    """Deletes a session's remembered tools but its ``keep`` newest; parameters: the
-    session, the session again, ``keep``."""
+    """Deletes a session's remembered tools but its ``keep`` newest (in the order they are
+    read back, oldest first); parameters: the session, the session again, ``keep``."""
     p = _PLACEHOLDER[dialect]
     return (
         f"DELETE FROM session_tools WHERE session = {p} AND name NOT IN ("
         f" SELECT name FROM session_tools WHERE session = {p}"
-        f" ORDER BY updated_at DESC, name LIMIT {p})"
+        f" ORDER BY updated_at DESC, name DESC LIMIT {p})"
     )
 
 
