@@ -466,7 +466,7 @@ async def test_a_recall_takes_the_ledgers_newest_specs_and_survives_a_ledger_awa
         "a": "newer, from another process",
         "b": "newer, from another process",
     }
-    await ledger.close()  # a ledger that cannot be read changes nothing, and says so
+    await ledger.close()  # a ledger that cannot be read changes nothing
     await pages.recall("t")
     assert not pages.remembered.knows("t")
     assert described("s")["a"] == "newer, from another process"

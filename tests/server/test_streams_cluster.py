@@ -109,6 +109,11 @@ async def undisturbed(server: ServerProcess, prompt: str) -> Response:
     return response
 
 
+def first_request(prompt: str) -> tuple[str, int]:
+    """The key `model_requests` counts a run's first model request of `prompt` under."""
+    return (prompt.splitlines()[0], 0)
+
+
 async def published(url: str, chat_id: str, count: int) -> bool:
     """Whether the chunks table holds `count` rows for the chat's execution."""
     async with reader(url) as ledger:
@@ -317,7 +322,7 @@ async def test_a_run_taken_over_before_its_page_is_back_offers_the_model_the_pag
         FaultProxy("127.0.0.1", a.port) as proxy,  # the page's load balancer
     ):
         base = await undisturbed(b, prompt)
-        asked = ('call work {"n":4,"tag":"k"}', 0)  # the first model request
+        asked = first_request(prompt)
         before = model_requests(tmp_path)[asked]
         page = await GatedPage.open(proxy.url("/agents/chat/s"), gate)
         try:
@@ -494,14 +499,15 @@ async def test_a_chat_on_a_process_that_lost_the_run_mid_answer_sees_only_the_re
         FaultProxy("127.0.0.1", stale.port) as proxy,
     ):
         assert stale.process is not None
-        base = await undisturbed(new, prompt_for("h", [5]))
-        asked = ('call work {"n":5,"tag":"h"}', 0)  # the first model request
+        prompt = prompt_for("h", [5])
+        base = await undisturbed(new, prompt)
+        asked = first_request(prompt)
         before = model_requests(tmp_path)[asked]
         page = await GatedPage.open(proxy.url("/agents/chat/s"), gate)
         try:
             hold.touch()
             chat = await ChatPeer.open(stale.ws_url("s"))
-            request_id = await chat.browser.start_chat(prompt_for("h", [5]), "c1")
+            request_id = await chat.browser.start_chat(prompt, "c1")
             await wait_until(
                 lambda: model_requests(tmp_path)[asked] == before + 1, TIMEOUT, "the model"
             )
