@@ -605,6 +605,9 @@ async def test_prune_deletes_finished_executions_past_the_retention_only(ledger:
     assert await ledger.expire_paused(ttl=1.0, now=T0 + 2) == [expired]
     recent = await ledger.start_execution("chat-4", "{}", now=T0 + 50)
     await ledger.set_status(recent.id, "completed", now=T0 + 50)
+    # Started with the first ones, finished with the recent one: its finish counts.
+    late = await ledger.start_execution("chat-7", "{}", now=T0)
+    await ledger.set_status(late.id, "completed", now=T0 + 50)
     old_paused, _ = await _tool_step(ledger, "chat-5")
     await ledger.set_status(old_paused, "paused", now=T0)
     old_running = await ledger.start_execution("chat-6", "{}", now=T0)
@@ -617,12 +620,35 @@ async def test_prune_deletes_finished_executions_past_the_retention_only(ledger:
         assert await ledger.steps(gone) == []
     assert await ledger.get_step(done, done_seq) is None
     remaining = {e.id: e.status for e in await ledger.executions()}
-    assert remaining == {recent.id: "completed", old_paused: "paused", old_running.id: "running"}
+    assert remaining == {
+        recent.id: "completed",
+        late.id: "completed",
+        old_paused: "paused",
+        old_running.id: "running",
+    }
     assert [s.execution_id for s in await ledger.pending_steps()] == [old_paused]
     assert await ledger.prune_finished(retention=100.0, now=T0 + 102.5) == 0  # once only
-    assert await ledger.prune_finished(retention=0.0, now=T0 + 51) == 1  # the recent one
+    assert await ledger.prune_finished(retention=0.0, now=T0 + 51) == 2  # the recent ones
     with pytest.raises(ValueError):
         await ledger.prune_finished(retention=-1.0, now=T0)
+
+
+async def test_a_step_recorded_or_settled_writes_its_run_in_place_on_postgres(
+    postgres: PostgresServer,
+) -> None:
+    # Each changes the run's updated_at, which no index holds: PostgreSQL writes the
+    # new row version beside the old one (a heap-only tuple), with no index entry.
+    url = postgres.fresh_url()
+    async with _opened("postgres", url) as ledger:
+        execution_id, seq = await _tool_step(ledger)
+        await ledger.resolve(execution_id, seq, "1", now=T0 + 1)
+    heap_only = 0x8000  # HEAP_ONLY_TUPLE in t_infomask2 (PostgreSQL's htup_details.h)
+    with psycopg.connect(url, autocommit=True) as raw:
+        raw.execute("CREATE EXTENSION IF NOT EXISTS pageinspect SCHEMA public")
+        masks = raw.execute(
+            "SELECT t_infomask2 FROM public.heap_page_items(public.get_raw_page('executions', 0))"
+        ).fetchall()
+    assert sum(1 for (mask,) in masks if mask is not None and mask & heap_only) == 2
 
 
 # --------------------------------------------------------------------------- durability

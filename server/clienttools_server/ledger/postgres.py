@@ -115,7 +115,8 @@ _LATEST_OF_CHAT = (
 )
 _PRUNE_CHUNKS = (
     "WITH gone AS (DELETE FROM chunks AS c USING executions AS e WHERE c.execution_id = e.id "
-    "AND e.status = ANY(%s) AND e.updated_at < %s RETURNING 1) SELECT count(*) FROM gone"
+    "AND e.status = ANY(%s) AND e.created_at < %s AND e.updated_at < %s RETURNING 1) "
+    "SELECT count(*) FROM gone"
 )
 
 # Where an execution stands, for the chunk log: (status, owner, updated_at).
@@ -241,11 +242,11 @@ class PostgresStore(PostgresSessions):
     async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
         # SKIP LOCKED: a run another process is changing right now is not idle.
         rows = await tx.fetchall(
-            "SELECT id FROM executions AS e WHERE updated_at < %s AND ("
+            "SELECT id FROM executions AS e WHERE created_at < %s AND updated_at < %s AND ("
             " status = 'paused' OR (status = 'running' AND EXISTS ("
             "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
             " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
-            (cutoff,),
+            (cutoff, cutoff),
         )
         return [unescape(str(row[0])) for row in rows]
 
@@ -253,8 +254,9 @@ class PostgresStore(PostgresSessions):
         # The steps go with their execution (ON DELETE CASCADE).
         async with self.write() as tx:
             return await tx.execute(
-                "DELETE FROM executions WHERE status = ANY(%s) AND updated_at < %s",
-                (sorted(FINISHED_STATUSES), cutoff),
+                "DELETE FROM executions WHERE status = ANY(%s) "
+                "AND created_at < %s AND updated_at < %s",
+                (sorted(FINISHED_STATUSES), cutoff, cutoff),
             )
 
     # steps
@@ -485,5 +487,7 @@ class PostgresLedger(LedgerCore[Transaction]):
 
     async def prune_chunks(self, cutoff: float) -> int:
         """Delete the chunks of responses that finished before ``cutoff``."""
-        [(deleted,)] = await self._pg.write_one(_PRUNE_CHUNKS, (sorted(FINISHED_STATUSES), cutoff))
+        [(deleted,)] = await self._pg.write_one(
+            _PRUNE_CHUNKS, (sorted(FINISHED_STATUSES), cutoff, cutoff)
+        )
         return int(deleted)

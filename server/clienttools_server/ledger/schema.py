@@ -24,7 +24,7 @@ from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # Per dialect: ids and sessions sort by byte (COLLATE "C" on PostgreSQL; SQLite's
 # default BINARY collation is that already), whatever the database's locale.
@@ -198,6 +198,17 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
         )
         """,
         "CREATE INDEX session_tools_by_age ON session_tools (updated_at)",
+    ),
+    # 11: the runs by status and creation, not by last change. A run's updated_at
+    # changes with every step recorded or settled; now no index holds it, so
+    # PostgreSQL writes those changes in place (a HOT update: no index entry, half
+    # the WAL of a step's insert), given room on the row's page (the fillfactor).
+    # A query for runs older than a cutoff asks created_at < cutoff besides
+    # updated_at < cutoff: every run changed before the cutoff was created before it.
+    (
+        "DROP INDEX executions_by_status",
+        "CREATE INDEX executions_by_status ON executions (status, created_at)",
+        {"sqlite": None, "postgres": "ALTER TABLE executions SET (fillfactor = 70)"},
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION

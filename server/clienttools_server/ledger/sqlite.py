@@ -485,11 +485,11 @@ class SqliteStore(_SqliteSessions):
 
     async def idle_executions(self, tx: sqlite3.Connection, cutoff: float) -> list[str]:
         rows = tx.execute(
-            "SELECT id FROM executions AS e WHERE updated_at < ? AND ("
+            "SELECT id FROM executions AS e WHERE created_at < ? AND updated_at < ? AND ("
             " status = 'paused' OR (status = 'running' AND EXISTS ("
             "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
             " ORDER BY created_at, id",
-            (cutoff,),
+            (cutoff, cutoff),
         ).fetchall()
         return [str(row[0]) for row in rows]
 
@@ -499,8 +499,9 @@ class SqliteStore(_SqliteSessions):
             # The steps go with their execution (ON DELETE CASCADE).
             return int(
                 db.execute(
-                    f"DELETE FROM executions WHERE status IN ({finished}) AND updated_at < ?",
-                    (cutoff,),
+                    f"DELETE FROM executions WHERE status IN ({finished}) "
+                    "AND created_at < ? AND updated_at < ?",
+                    (cutoff, cutoff),
                 ).rowcount
             )
 
