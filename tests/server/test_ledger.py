@@ -262,6 +262,27 @@ async def test_record_step_is_idempotent_on_replay(ledger: Ledger) -> None:
     assert len(await ledger.steps(execution.id)) == 1
 
 
+async def test_record_step_records_its_spec_and_a_replay_keeps_the_first(ledger: Ledger) -> None:
+    execution = await ledger.start_execution("chat-1", "{}", now=T0)
+    spec = '{ "name": "search", "outputSchema": {"type": "integer"} }'
+    step = await ledger.record_step(
+        execution.id, 0, "tool", "search", "{}", "client", T0, "req-1", spec_json=spec
+    )
+    canonical = '{"name":"search","outputSchema":{"type":"integer"}}'
+    assert step.spec_json == canonical
+    replayed = await ledger.record_step(
+        execution.id, 0, "tool", "search", "{}", "client", T0, "req-2",
+        spec_json='{"name":"search"}',
+    )  # fmt: skip
+    assert replayed.spec_json == canonical
+    assert (await ledger.get_step(execution.id, 0)) == step
+    with pytest.raises(ValueError):
+        await ledger.record_step(
+            execution.id, 1, "tool", "search", "{}", "client", T0, "req-3", spec_json="{"
+        )
+    assert await ledger.get_step(execution.id, 1) is None
+
+
 @pytest.mark.parametrize(
     ("kind", "name", "input_json"),
     [

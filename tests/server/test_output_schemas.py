@@ -285,3 +285,34 @@ async def test_a_result_for_a_step_no_run_waits_for_is_checked_against_the_recor
         assert (await page.ack_for("b" * 32))["outcome"] == "applied"
         assert (await ledger.get_step(execution.id, 1)).result() == ["x"]
         await page.close()
+
+
+async def test_a_page_calls_step_is_recorded_with_the_spec_the_model_saw(
+    tmp_path: Path, chunk_collector: ChunkCollector
+) -> None:
+    # In the step's own insert: no write of its own before the invoke leaves.
+    db = tmp_path / "l.sqlite3"
+    [spec] = _specs()[:1]
+    async with running_server(_config(db)) as server:
+        page = await FakeBrowser.connect(server.ws_url(SESSION), chunk_collector)
+        await page.register([spec])
+        statements: list[str] = []
+        connection = server.app.state.ledger._store._connection
+        connection.set_trace_callback(statements.append)
+        try:
+            request_id = await page.start_chat(f'call {spec["name"]} {{"case": "good"}}')
+            invoke = await page.expect("cf_agent_client_tool_invoke")
+            await page.send_result(invoke["requestId"], output=_output(spec["name"], "good"))
+            assert (await page.ack_for(invoke["requestId"]))["outcome"] == "applied"
+            await page.response(request_id)
+            await settled(server.hub)
+        finally:
+            connection.set_trace_callback(None)
+        await page.close()
+    with contextlib.closing(sqlite3.connect(db)) as raw:
+        [(recorded,)] = raw.execute(
+            "SELECT spec_json FROM steps WHERE request_id = ?", (invoke["requestId"],)
+        ).fetchall()
+    assert json.loads(recorded) == spec
+    assert [s for s in statements if s.startswith("INSERT INTO steps")]
+    assert not [s for s in statements if s.startswith("UPDATE steps SET spec_json")]

@@ -44,6 +44,8 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
+from clienttools.protocol import ToolSpec
+
 from ..canonical import canonical_json
 from ..ledger import Ledger, Resolution, Step
 from .chunk_log import Chunk
@@ -109,6 +111,22 @@ class PageCalls(Protocol):
     async def await_approval(self, step: Step, call: RequestedCall) -> None:
         """Return once the approval step is no longer pending."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedTool:
+    """A tool as the run's toolsets offer it to the model."""
+
+    resolution: Resolution  # who settles its calls
+    needs_approval: bool
+    # A page tool's spec as offered: recorded with each call's step, so a result
+    # is checked against the spec the model saw, with no write of its own.
+    spec: ToolSpec | None = None
+
+
+def recorded_spec(spec: ToolSpec) -> str:
+    """A tool spec as a step records it: its wire form, canonical."""
+    return canonical_json(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def approval_name(tool_name: str) -> str:
@@ -183,8 +201,7 @@ class RunJournal:
         # Chunks of this step from its first tool call on: they leave once the step
         # is recorded (in its transaction), like the invokes they announce.
         self.held: list[Chunk] | None = None
-        # tool name -> (who settles it, whether it needs approval), as the toolsets offer it.
-        self.catalog: dict[str, tuple[Resolution, bool]] = {}
+        self.catalog: dict[str, OfferedTool] = {}
         # Tools offered without execution (round trip): the page answers in its next request.
         self.deferred_tools: set[str] = set()
         # The agent's output tools (structured output): pydantic-ai's, not calls to journal.
@@ -284,7 +301,7 @@ class RunJournal:
         if recorded is not None:
             needs_approval = recorded.resolution == "approval"
         else:
-            needs_approval = known is not None and known[1]
+            needs_approval = known is not None and known.needs_approval
         approval: Step | None = None
         if needs_approval:
             approval = await self.ledger.record_step(
@@ -294,14 +311,17 @@ class RunJournal:
             seq = self._next_seq()
             recorded = await self._recorded_step(seq)
         resolution: Resolution | None
+        spec_json: str | None = None
         if recorded is not None:
             resolution = recorded.resolution
         else:
-            resolution = known[0] if known is not None else None
+            resolution = known.resolution if known is not None else None
+            if known is not None and known.spec is not None:
+                spec_json = recorded_spec(known.spec)
         request_id = new_request_id() if resolution == "client" else None
         tool = await self.ledger.record_step(
             self.execution_id, seq, "tool", call.tool_name, input_json,
-            resolution or "server", self.clock(), request_id,
+            resolution or "server", self.clock(), request_id, spec_json=spec_json,
         )  # fmt: skip
         if resolution is None and tool.state == "pending":
             await self._reject(tool, "unknown_tool", f"there is no tool named {call.tool_name!r}")
@@ -560,7 +580,7 @@ class JournaledToolset(WrapperToolset[Any]):
         offered: dict[str, ToolsetTool[Any]] = {}
         for name, tool in tools.items():
             needs_approval = tool.tool_def.kind == "unapproved"
-            self.journal.catalog[name] = ("server", needs_approval)
+            self.journal.catalog[name] = OfferedTool("server", needs_approval)
             if needs_approval:
                 tool = dataclasses.replace(
                     tool, tool_def=dataclasses.replace(tool.tool_def, kind="function")

@@ -36,7 +36,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 
 from clienttools.protocol import ToolSpec
 
-from .journal import RunJournal, tool_result
+from .journal import OfferedTool, RunJournal, tool_result
 from .server_tools import ANY_ARGS, MAX_RETRIES
 
 
@@ -66,7 +66,9 @@ class PageToolset(AbstractToolset[Any]):
             definitions.append(ToolDefinition(name=name, description="a tool of the page"))
         for d in definitions:
             spec = specs.get(d.name)
-            self.journal.catalog[d.name] = ("client", bool(spec and spec.needs_approval))
+            self.journal.catalog[d.name] = OfferedTool(
+                "client", bool(spec and spec.needs_approval), spec
+            )
         if self.deferred:
             self.journal.deferred_tools.update(d.name for d in definitions)
             definitions = [dataclasses.replace(d, kind="external") for d in definitions]

@@ -39,8 +39,7 @@ from clienttools.protocol import (
     ToolSpec,
 )
 
-from ..agent.journal import RequestedCall
-from ..canonical import canonical_json
+from ..agent.journal import RequestedCall, recorded_spec
 from ..clock import SYSTEM_CLOCK, Clock, Timer
 from ..cluster.relay import CallRelay, is_open
 from ..config import ServerConfig
@@ -184,8 +183,7 @@ class CallProxy:
             spec = await self.find_spec(entry.session, entry.call.tool_name)
         if spec is None:
             return
-        wire = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-        await self.ledger.record_spec(entry.execution_id, entry.seq, canonical_json(wire))
+        await self.ledger.record_spec(entry.execution_id, entry.seq, recorded_spec(spec))
         entry.output_schema = spec.output_schema
         entry.spec_recorded = True
 

@@ -274,15 +274,17 @@ class LedgerCore(Generic[Tx]):
         now: float,
         request_id: str | None = None,
         result_json: str | None = None,
+        spec_json: str | None = None,
     ) -> Step:
         if seq < 0:
             raise ValueError(f"seq must be >= 0, not {seq}")
         canonical_input = prepare_input(name, input_json)
         state, stored_result = prepare_recorded_result(result_json)
+        spec = None if spec_json is None else canonicalize(spec_json)
         held = self._held(execution_id)
         step = Step(
             execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now, None,
+            stored_result, None, request_id, 0, now, now, spec,
         )  # fmt: skip
         if await self._store.insert_step(step, held):
             return step

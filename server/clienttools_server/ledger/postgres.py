@@ -268,7 +268,7 @@ class PostgresStore(PostgresSessions):
             (
                 escape(s.execution_id), s.seq, s.kind, escape(s.name), s.input_json,
                 s.resolution, s.state, s.result_json, None, maybe_escape(s.request_id), 0,
-                s.created_at, s.updated_at, None, escape(s.execution_id), held, s.updated_at,
+                s.created_at, s.updated_at, s.spec_json, escape(s.execution_id), held, s.updated_at,
                 escape(s.execution_id),
             ),
         )  # fmt: skip

@@ -147,7 +147,14 @@ class Ledger(Protocol):
         now: float,
         request_id: str | None = None,
         result_json: str | None = None,
-    ) -> Step: ...
+        spec_json: str | None = None,
+    ) -> Step:
+        """Record a step, or check a replay against the step recorded at ``seq``.
+
+        ``spec_json``: the tool spec a result of the call is checked against, if
+        known now (else :meth:`record_spec` later); a replay keeps the recorded one.
+        """
+        ...
 
     def batch(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Commit every write made inside the block in one transaction when it ends.
