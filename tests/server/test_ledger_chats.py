@@ -8,10 +8,12 @@ fresh PostgreSQL schema.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from clienttools_server.canonical import canonical_json
-from clienttools_server.ledger import ChatOfOtherSession, Ledger
+from clienttools_server.ledger import ChatOfOtherSession, Ledger, SqliteLedger
 
 # The fixtures of the contract tests, so both files test the same stores.
 from tests.server.test_ledger import T0, _opened, ledger, open_durable_ledger, store  # noqa: F401
@@ -48,6 +50,34 @@ async def test_save_keeps_a_prefix_and_replaces_the_rest(ledger: Ledger) -> None
     assert await ledger.save_chat("c1", "s1", 0, [], T0 + 3, streaming=None) == 4
     chat = await ledger.get_chat("c1")
     assert chat is not None and chat.messages == () and chat.version == 4
+
+
+async def test_a_sqlite_save_writes_only_what_changed(tmp_path: Path) -> None:
+    """A new chat's row is made once; a message is written over its old text, and only
+    what is past the new end is deleted."""
+    a, b, c = _messages("a", "b", "c")
+    async with SqliteLedger(str(tmp_path / "ledger.sqlite3")) as ledger:
+        statements: list[str] = []
+        ledger._store._db.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+
+        async def save(keep: int, messages: list[str]) -> list[str]:
+            statements.clear()
+            await ledger.save_chat("c1", "s1", keep, messages, T0, streaming=None)
+            return [" ".join(s.split()[:3]) for s in statements if s != "BEGIN IMMEDIATE"]
+
+        assert await save(0, [a, b]) == [
+            "SELECT session, version,", "INSERT INTO chats", "INSERT INTO chat_messages",
+            "INSERT INTO chat_messages", "UPDATE chats SET", "COMMIT",
+        ]  # fmt: skip
+        assert await save(1, [c]) == [
+            "SELECT session, version,", "INSERT INTO chat_messages", "UPDATE chats SET", "COMMIT",
+        ]  # fmt: skip
+        assert await save(0, [b]) == [
+            "SELECT session, version,", "DELETE FROM chat_messages", "INSERT INTO chat_messages",
+            "UPDATE chats SET", "COMMIT",
+        ]  # fmt: skip
+        chat = await ledger.get_chat("c1")
+        assert chat is not None and chat.messages == (b,) and chat.version == 3
 
 
 async def test_a_chat_of_another_session_is_refused_unchanged(ledger: Ledger) -> None:

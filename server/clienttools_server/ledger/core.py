@@ -443,7 +443,7 @@ class LedgerCore(Generic[Tx]):
                 raise ChatOfOtherSession(f"chat {chat_id!r} belongs to another session")
             version, keep = version + 1, min(keep, count)
             await self._store.store_chat(
-                self.owner, tx, chat_id, keep, messages, version, streaming, now
+                self.owner, tx, chat_id, keep, messages, version, streaming, now, count
             )
         return version
 

@@ -263,7 +263,7 @@ class PostgresSessions(Connections):
 
     async def store_chat(
         self, owner: str, tx: Transaction, chat_id: str, keep: int, messages: Sequence[str],
-        version: int, streaming: str | None, now: float,
+        version: int, streaming: str | None, now: float, count: int,
     ) -> None:  # fmt: skip
         # One statement: the chat's row; the messages from the new end on, gone; the new
         # ones written over what was at their positions. Three disjoint sets of rows, so

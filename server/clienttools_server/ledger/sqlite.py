@@ -325,29 +325,40 @@ class _SqliteSessions(SqliteConnection):
     async def locked_chat(
         self, tx: sqlite3.Connection, chat_id: str, session: str, now: float
     ) -> tuple[str, int, int]:
-        tx.execute(
-            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
-            "VALUES (?, ?, 0, 0, NULL, ?) ON CONFLICT (id) DO NOTHING",
-            (chat_id, session, now),
-        )
-        owner, version, count = tx.execute(
+        row = tx.execute(
             "SELECT session, version, message_count FROM chats WHERE id = ?", (chat_id,)
         ).fetchone()
-        return str(owner), int(version), int(count)
+        if row is None:  # a new chat, made at version 0: the write lock is ours, no one races
+            tx.execute(
+                "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+                "VALUES (?, ?, 0, 0, NULL, ?)",
+                (chat_id, session, now),
+            )
+            return session, 0, 0
+        return str(row[0]), int(row[1]), int(row[2])
 
     async def store_chat(
         self, owner: str, tx: sqlite3.Connection, chat_id: str, keep: int,
-        messages: Sequence[str], version: int, streaming: str | None, now: float,
+        messages: Sequence[str], version: int, streaming: str | None, now: float, count: int,
     ) -> None:  # fmt: skip
-        tx.execute("DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, keep))
-        tx.executemany(
-            "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?)",
-            [(chat_id, keep + i, text) for i, text in enumerate(messages)],
-        )
+        # The chat's messages are at positions 0 to count - 1: the new ones are written over
+        # those at their positions, and only what is left past the new end is deleted.
+        end = keep + len(messages)
+        if count > end:
+            tx.execute(
+                "DELETE FROM chat_messages WHERE chat_id = ? AND position >= ?", (chat_id, end)
+            )
+        if messages:
+            tx.executemany(
+                "INSERT INTO chat_messages (chat_id, position, message_json) VALUES (?, ?, ?) "
+                "ON CONFLICT (chat_id, position) "
+                "DO UPDATE SET message_json = excluded.message_json",
+                [(chat_id, keep + i, text) for i, text in enumerate(messages)],
+            )
         tx.execute(
             "UPDATE chats SET version = ?, message_count = ?, streaming = ?, updated_at = ? "
             "WHERE id = ?",
-            (version, keep + len(messages), streaming, now, chat_id),
+            (version, end, streaming, now, chat_id),
         )
 
     async def delete_chat(self, owner: str, chat_id: str) -> bool:

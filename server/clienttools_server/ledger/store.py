@@ -222,10 +222,10 @@ class Store(Protocol[Tx]):
 
     async def store_chat(
         self, owner: str, tx: Tx, chat_id: str, keep: int, messages: Sequence[str],
-        version: int, streaming: str | None, now: float,
+        version: int, streaming: str | None, now: float, count: int,
     ) -> None:  # fmt: skip
-        """Keep the first ``keep`` messages, append ``messages``, set the chat's row;
-        tell the chat's subscribers on processes other than ``owner``."""
+        """Keep the first ``keep`` messages of the ``count`` stored, append ``messages``,
+        set the chat's row; tell the chat's subscribers on processes other than ``owner``."""
         ...
 
     async def delete_chat(self, owner: str, chat_id: str) -> bool: ...
