@@ -283,6 +283,29 @@ async def test_record_step_records_its_spec_and_a_replay_keeps_the_first(ledger:
     assert await ledger.get_step(execution.id, 1) is None
 
 
+async def test_record_step_counts_a_first_attempt_it_is_recorded_with(ledger: Ledger) -> None:
+    execution = await ledger.start_execution("chat-1", "{}", now=T0)
+    step = await ledger.record_step(
+        execution.id, 0, "tool", "search", "{}", "client", T0, "req-1",
+        target_connection="conn-1", target_client_id="page\\1",
+    )  # fmt: skip
+    assert (step.attempts, step.target_connection, step.target_client_id) == (
+        1, "conn-1", "page\\1",
+    )  # fmt: skip
+    assert (await ledger.get_step(execution.id, 0)) == step
+    # A replay names no attempt of its own: the step stays as first recorded.
+    replayed = await ledger.record_step(
+        execution.id, 0, "tool", "search", "{}", "client", T0, "req-2",
+        target_connection="conn-2", target_client_id="page-2",
+    )  # fmt: skip
+    assert replayed == step
+    # The next attempt counts on from it.
+    assert await ledger.add_attempt(execution.id, 0, T0 + 1, target_connection="conn-2") == 2
+    plain = await ledger.record_step(execution.id, 1, "tool", "search", "{}", "client", T0, "r3")
+    assert (plain.attempts, plain.target_connection) == (0, None)
+    assert (await ledger.get_step(execution.id, 1)) == plain
+
+
 @pytest.mark.parametrize(
     ("kind", "name", "input_json"),
     [

@@ -287,10 +287,10 @@ async def test_a_result_for_a_step_no_run_waits_for_is_checked_against_the_recor
         await page.close()
 
 
-async def test_a_page_calls_step_is_recorded_with_the_spec_the_model_saw(
+async def test_a_page_calls_step_is_recorded_with_the_spec_and_attempt_the_page_saw(
     tmp_path: Path, chunk_collector: ChunkCollector
 ) -> None:
-    # In the step's own insert: no write of its own before the invoke leaves.
+    # In the step's own insert: no write of their own before the invoke leaves.
     db = tmp_path / "l.sqlite3"
     [spec] = _specs()[:1]
     async with running_server(_config(db)) as server:
@@ -310,9 +310,14 @@ async def test_a_page_calls_step_is_recorded_with_the_spec_the_model_saw(
             connection.set_trace_callback(None)
         await page.close()
     with contextlib.closing(sqlite3.connect(db)) as raw:
-        [(recorded,)] = raw.execute(
-            "SELECT spec_json FROM steps WHERE request_id = ?", (invoke["requestId"],)
+        [(recorded, attempts, connection, client_id)] = raw.execute(
+            "SELECT spec_json, attempts, target_connection, target_client_id FROM steps "
+            "WHERE request_id = ?",
+            (invoke["requestId"],),
         ).fetchall()
     assert json.loads(recorded) == spec
+    assert invoke["attempt"] == attempts == 1
+    assert connection is not None and client_id == page.client_id
     assert [s for s in statements if s.startswith("INSERT INTO steps")]
     assert not [s for s in statements if s.startswith("UPDATE steps SET spec_json")]
+    assert not [s for s in statements if s.startswith("UPDATE steps SET attempts")]

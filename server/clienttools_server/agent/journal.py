@@ -94,12 +94,30 @@ class DeliveredCall(Protocol):
         ...
 
 
+class CallTarget(Protocol):
+    """The page's connection a browser call is delivered to (the proxy's peer)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def client_id(self) -> str | None: ...
+
+
 class PageCalls(Protocol):
     """How a run reaches the pages of its session: the browser-call proxy and approvals."""
 
-    async def start_client_tool(self, step: Step, call: RequestedCall) -> DeliveredCall:
+    async def find_target(self, tool_name: str) -> CallTarget | None:
+        """The connection a call of ``tool_name`` would be delivered to now, if any."""
+        ...
+
+    async def start_client_tool(
+        self, step: Step, call: RequestedCall, target: CallTarget | None
+    ) -> DeliveredCall:
         """Deliver the call of a pending ``client`` step now; wait for it later.
 
+        ``target``: the connection :meth:`find_target` found, which the step was
+        recorded with as its first attempt; None: the call is delivered as any other.
         Inside a ledger batch the invoke leaves once the batch has committed.
         """
         ...
@@ -146,6 +164,8 @@ class PlannedCall:
     call: RequestedCall
     approval: Step | None
     tool: Step
+    # Where its step's first attempt, recorded with it, went (see PageCalls.start_client_tool).
+    target: CallTarget | None = None
     # Delivered while it was recorded (a browser call with no approval to wait for).
     started: DeliveredCall | None = None
     # pydantic-ai called the tool (an unknown tool or invalid arguments are never called).
@@ -257,7 +277,7 @@ class RunJournal:
                 for p in planned:
                     self.planned[p.call.tool_call_id] = p
                     if p.deliver_now:
-                        p.started = await self.pages.start_client_tool(p.tool, p.call)
+                        p.started = await self.pages.start_client_tool(p.tool, p.call, p.target)
         finally:
             self.held = None
 
@@ -319,14 +339,23 @@ class RunJournal:
             if known is not None and known.spec is not None:
                 spec_json = recorded_spec(known.spec)
         request_id = new_request_id() if resolution == "client" else None
+        # A new browser call with no approval to wait for is delivered as it is
+        # recorded: its page is found first, so the step's insert names the attempt.
+        target = None
+        if recorded is None and approval is None and resolution == "client":
+            target = await self.pages.find_target(call.tool_name)
         tool = await self.ledger.record_step(
             self.execution_id, seq, "tool", call.tool_name, input_json,
             resolution or "server", self.clock(), request_id, spec_json=spec_json,
+            target_connection=None if target is None else target.id,
+            target_client_id=None if target is None else target.client_id,
         )  # fmt: skip
         if resolution is None and tool.state == "pending":
             await self._reject(tool, "unknown_tool", f"there is no tool named {call.tool_name!r}")
             tool = await self._reload(tool)
-        return PlannedCall(call, approval, tool)
+        if tool.request_id != request_id:
+            target = None  # another process recorded it first: not this attempt
+        return PlannedCall(call, approval, tool, target)
 
     async def _recorded_step(self, seq: int) -> Step | None:
         if seq not in self._recorded:

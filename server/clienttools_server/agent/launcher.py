@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import JsonValue
 from pydantic_ai import Agent
@@ -37,6 +37,7 @@ from clienttools.protocol import (
 )
 
 from ..calls.approvals import Approvals
+from ..calls.delivery import Peer
 from ..calls.pages import Client, Pages
 from ..calls.proxy import CallProxy, StartedCall
 from ..clock import Clock
@@ -44,7 +45,7 @@ from ..config import ServerConfig
 from ..ledger import ChatBusy, Ledger, LedgerUnavailable, Step
 from .chunk_log import Chunk, ChunkLog, FinishedResponses
 from .conversations import OTHER_SESSION, Conversations, Refusal, ResponseRecorder
-from .journal import RequestedCall
+from .journal import CallTarget, RequestedCall
 from .runs import Run, RunRequest
 from .server_tools import ServerToolset
 
@@ -362,8 +363,14 @@ class SessionTools:
     async def run_client_tool(self, step: Step, call: RequestedCall) -> Step | None:
         return await self._proxy.call(self.session, step, call)
 
-    async def start_client_tool(self, step: Step, call: RequestedCall) -> StartedCall:
-        return await self._proxy.start(self.session, step, call)
+    async def find_target(self, tool_name: str) -> Peer | None:
+        return await self._proxy.find_peer(self.session, tool_name)
+
+    async def start_client_tool(
+        self, step: Step, call: RequestedCall, target: CallTarget | None
+    ) -> StartedCall:
+        # The target is the Peer find_target returned.
+        return await self._proxy.start(self.session, step, call, cast("Peer | None", target))
 
     async def await_approval(self, step: Step, call: RequestedCall) -> None:
         await self._approvals.wait(self.session, step, call)

@@ -145,27 +145,32 @@ class CallProxy:
         if step.request_id in self.pending:
             raise RuntimeError(f"request {step.request_id} is already pending")
 
-    async def start(self, session: str, step: Step, call: RequestedCall) -> StartedCall:
+    async def start(
+        self, session: str, step: Step, call: RequestedCall, recorded_to: Peer | None = None
+    ) -> StartedCall:
         """Register the call of a pending step and deliver it now, without waiting.
 
         For a run that records a step and delivers it in one ledger batch: the
         attempt is part of the batch, and the invoke leaves once it committed
-        (``after_commit``). The returned call's ``wait`` returns once it is
+        (``after_commit``). ``recorded_to``: the peer the step was recorded with
+        as its first attempt (``find_peer``'s, just before), so the attempt is
+        not counted again. The returned call's ``wait`` returns once it is
         settled; its ``abandon`` releases it when its waiter never ran.
         """
         self._check_new(step)
         assert step.request_id is not None
+        orphaned = step.attempts > 0 and recorded_to is None
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
             asyncio.get_running_loop().create_future(),
-            state=DeliveryState.ORPHANED if step.attempts > 0 else DeliveryState.WAITING,
+            state=DeliveryState.ORPHANED if orphaned else DeliveryState.WAITING,
         )  # fmt: skip
         self.pending[entry.request_id] = entry
         entry.recorded = False
         self.ledger.after_commit(lambda: setattr(entry, "recorded", True))
         try:
             await self._record_spec(entry, step)
-            await self.deliver(entry)
+            await self.deliver(entry, recorded_to)
         except BaseException:
             self._release(entry)
             raise
@@ -247,7 +252,8 @@ class CallProxy:
         if entry.target is not None and entry.target.is_open:
             entry.target.send(CancelFrame(request_id=entry.request_id, reason=reason))
 
-    async def deliver(self, entry: PendingCall) -> None:
+    async def deliver(self, entry: PendingCall, recorded_to: Peer | None = None) -> None:
+        """Send the call to a page of its session; ``recorded_to``: see :meth:`start`."""
         if entry.execution_id in self.handed_over:
             return  # its run went on in another process, which delivers the call
         entry.deliveries += 1
@@ -257,9 +263,11 @@ class CallProxy:
             # Settled, or delivered again by another task, while this one awaited.
             return entry.settled or entry.deliveries != delivery
 
-        peer = await self.find_peer(entry.session, entry.call.tool_name)
-        if overtaken():
-            return
+        peer = recorded_to
+        if peer is None:
+            peer = await self.find_peer(entry.session, entry.call.tool_name)
+            if overtaken():
+                return
         if peer is None:
             entry.target = None  # waits for the next connection that registers the tool
             entry.move(DeliveryEvent.NO_PAGE)
@@ -278,12 +286,15 @@ class CallProxy:
         entry.target, entry.client_id, entry.spec = peer, peer.client_id, spec
         entry.move(DeliveryEvent.DELIVER)
         entry.last_progress = None
-        attempt = await self.ledger.add_attempt(
-            entry.execution_id, entry.seq, self.clock.now(),
-            target_connection=peer.id, target_client_id=peer.client_id,
-        )  # fmt: skip
-        if overtaken():
-            return
+        if recorded_to is not None:
+            attempt = 1  # counted in the step's insert
+        else:
+            attempt = await self.ledger.add_attempt(
+                entry.execution_id, entry.seq, self.clock.now(),
+                target_connection=peer.id, target_client_id=peer.client_id,
+            )  # fmt: skip
+            if overtaken():
+                return
         entry.attempt = attempt
         frame = InvokeFrame(
             request_id=entry.request_id,

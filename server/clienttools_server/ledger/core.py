@@ -275,6 +275,9 @@ class LedgerCore(Generic[Tx]):
         request_id: str | None = None,
         result_json: str | None = None,
         spec_json: str | None = None,
+        *,
+        target_connection: str | None = None,
+        target_client_id: str | None = None,
     ) -> Step:
         if seq < 0:
             raise ValueError(f"seq must be >= 0, not {seq}")
@@ -282,9 +285,11 @@ class LedgerCore(Generic[Tx]):
         state, stored_result = prepare_recorded_result(result_json)
         spec = None if spec_json is None else canonicalize(spec_json)
         held = self._held(execution_id)
+        # A call delivered as it is recorded: its first attempt is in its insert.
+        attempts = 0 if target_connection is None else 1
         step = Step(
-            execution_id, seq, kind, name, canonical_input, resolution, state,
-            stored_result, None, request_id, 0, now, now, spec,
+            execution_id, seq, kind, name, canonical_input, resolution, state, stored_result,
+            None, request_id, attempts, now, now, spec, target_connection, target_client_id,
         )  # fmt: skip
         if await self._store.insert_step(step, held):
             return step

@@ -52,7 +52,6 @@ from .schema import (
     EXECUTION_COLUMNS,
     SCHEMA_VERSION,
     STEP_COLUMNS,
-    STEP_READ,
     fence,
     where,
 )
@@ -69,7 +68,7 @@ __all__ = [
 ]
 
 _FENCE = fence("postgres")
-_STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_READ.split(","))
+_STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_COLUMNS.split(","))
 # Each write below is one statement, so one round trip and atomic by itself: the
 # step and the execution's updated_at (a step recorded or settled is progress, so
 # the run is not idle and not expirable yet) change together or not at all.
@@ -77,7 +76,7 @@ _STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_READ.split(","
 # that would abort a batch's transaction.
 _RECORD_STEP = (
     f"WITH inserted AS (INSERT INTO steps ({STEP_COLUMNS}) "
-    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
     f"WHERE {_FENCE} "
     "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
     "touched AS (UPDATE executions SET updated_at = %s "
@@ -88,7 +87,7 @@ _SETTLE_SQL = {
     field: (
         f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
         f"WHERE execution_id = %s AND seq = %s AND state = 'pending' AND {_FENCE} "
-        f"RETURNING {STEP_READ}), "
+        f"RETURNING {STEP_COLUMNS}), "
         "touched AS (UPDATE executions SET updated_at = %s "
         "WHERE id IN (SELECT execution_id FROM settled)) "
         "SELECT * FROM settled"
@@ -267,30 +266,31 @@ class PostgresStore(PostgresSessions):
             _RECORD_STEP,
             (
                 escape(s.execution_id), s.seq, s.kind, escape(s.name), s.input_json,
-                s.resolution, s.state, s.result_json, None, maybe_escape(s.request_id), 0,
-                s.created_at, s.updated_at, s.spec_json, escape(s.execution_id), held, s.updated_at,
-                escape(s.execution_id),
+                s.resolution, s.state, s.result_json, s.error_json, maybe_escape(s.request_id),
+                s.attempts, s.created_at, s.updated_at, s.spec_json,
+                s.target_connection, maybe_escape(s.target_client_id),
+                escape(s.execution_id), held, s.updated_at, escape(s.execution_id),
             ),
         )  # fmt: skip
         return bool(inserted)
 
     async def get_step(self, execution_id: str, seq: int) -> Step | None:
         rows = await self.read(
-            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s",
             (escape(execution_id), seq),
         )
         return _step(rows[0]) if rows else None
 
     async def step_by_request_id(self, request_id: str) -> Step | None:
         rows = await self.read(
-            f"SELECT {STEP_READ} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE request_id = %s ORDER BY created_at LIMIT 1",
             (escape(request_id),),
         )
         return _step(rows[0]) if rows else None
 
     async def steps(self, execution_id: str) -> list[Step]:
         rows = await self.read(
-            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s ORDER BY seq",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE execution_id = %s ORDER BY seq",
             (escape(execution_id),),
         )
         return [_step(row) for row in rows]
@@ -341,9 +341,9 @@ class PostgresStore(PostgresSessions):
         rows = await self.write_one(
             f"WITH updated AS (UPDATE steps SET spec_json = %s "
             f"WHERE execution_id = %s AND seq = %s AND spec_json IS NULL AND {_FENCE} "
-            f"RETURNING {STEP_READ}) "
+            f"RETURNING {STEP_COLUMNS}) "
             "SELECT * FROM updated UNION ALL "
-            f"SELECT {STEP_READ} FROM steps WHERE execution_id = %s AND seq = %s "
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE execution_id = %s AND seq = %s "
             "AND NOT EXISTS (SELECT 1 FROM updated)",
             (spec_json, key, seq, key, held, key, seq),
         )

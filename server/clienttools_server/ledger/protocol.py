@@ -148,11 +148,16 @@ class Ledger(Protocol):
         request_id: str | None = None,
         result_json: str | None = None,
         spec_json: str | None = None,
+        *,
+        target_connection: str | None = None,
+        target_client_id: str | None = None,
     ) -> Step:
         """Record a step, or check a replay against the step recorded at ``seq``.
 
         ``spec_json``: the tool spec a result of the call is checked against, if
         known now (else :meth:`record_spec` later); a replay keeps the recorded one.
+        ``target_connection``: a call delivered as it is recorded; the step then
+        counts that first attempt and where it went, as :meth:`add_attempt` would.
         """
         ...
 

@@ -261,10 +261,9 @@ EXECUTION_COLUMNS = (
 )
 STEP_COLUMNS = (
     "execution_id, seq, kind, name, input_json, resolution, state, result_json, "
-    "error_json, request_id, attempts, created_at, updated_at, spec_json"
+    "error_json, request_id, attempts, created_at, updated_at, spec_json, "
+    "target_connection, target_client_id"
 )
-# What a step is read back with: its columns and where its last invoke went.
-STEP_READ = STEP_COLUMNS + ", target_connection, target_client_id"
 
 
 def fence(dialect: Dialect) -> str:

@@ -52,7 +52,6 @@ from .schema import (
     EXECUTION_COLUMNS,
     SCHEMA_VERSION,
     STEP_COLUMNS,
-    STEP_READ,
     applied,
     fence,
     prune_session_tools,
@@ -66,7 +65,7 @@ _FENCE = fence("sqlite")
 _TRIM_SESSION_TOOLS = trim_session_tools("sqlite")
 _PRUNE_SESSION_TOOLS = prune_session_tools("sqlite")
 _INSERT_STEP = (
-    f"INSERT INTO steps ({STEP_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO steps ({STEP_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING"
 )
 _TOUCH_EXECUTION = "UPDATE executions SET updated_at = ? WHERE id = ?"
@@ -74,11 +73,11 @@ _SETTLE_SQL = {
     field: (
         f"UPDATE steps SET state = ?, {field}_json = ?, updated_at = ? "
         f"WHERE execution_id = ? AND seq = ? AND state = 'pending' AND {_FENCE} "
-        f"RETURNING {STEP_READ}"
+        f"RETURNING {STEP_COLUMNS}"
     )
     for field in ("result", "error")
 }
-_STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_READ.split(","))
+_STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_COLUMNS.split(","))
 
 
 def _execution(row: Sequence[object]) -> Execution:
@@ -523,7 +522,7 @@ class SqliteStore(_SqliteSessions):
         values = (
             s.execution_id, s.seq, s.kind, s.name, s.input_json, s.resolution, s.state,
             s.result_json, s.error_json, s.request_id, s.attempts, s.created_at, s.updated_at,
-            s.spec_json, s.execution_id, held,
+            s.spec_json, s.target_connection, s.target_client_id, s.execution_id, held,
         )  # fmt: skip
         with self._write() as db:
             inserted = db.execute(_INSERT_STEP, values).rowcount
@@ -534,21 +533,21 @@ class SqliteStore(_SqliteSessions):
 
     async def get_step(self, execution_id: str, seq: int) -> Step | None:
         row = self._db.execute(
-            f"SELECT {STEP_READ} FROM steps WHERE execution_id = ? AND seq = ?",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE execution_id = ? AND seq = ?",
             (execution_id, seq),
         ).fetchone()
         return None if row is None else _step(row)
 
     async def step_by_request_id(self, request_id: str) -> Step | None:
         row = self._db.execute(
-            f"SELECT {STEP_READ} FROM steps WHERE request_id = ? ORDER BY created_at LIMIT 1",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE request_id = ? ORDER BY created_at LIMIT 1",
             (request_id,),
         ).fetchone()
         return None if row is None else _step(row)
 
     async def steps(self, execution_id: str) -> list[Step]:
         rows = self._db.execute(
-            f"SELECT {STEP_READ} FROM steps WHERE execution_id = ? ORDER BY seq", (execution_id,)
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE execution_id = ? ORDER BY seq", (execution_id,)
         ).fetchall()
         return [_step(row) for row in rows]
 
