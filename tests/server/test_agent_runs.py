@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
@@ -214,3 +214,39 @@ async def test_function_toolsets_that_offer_something_stay_in_the_run(
             await browser.close()
         await settled(server.hub)
     assert response.text == "Answer in French. | clock, server_time, title"
+
+
+async def test_an_answer_retried_by_the_output_validator_is_recorded_before_the_next(
+    chunk_collector: ChunkCollector,
+) -> None:
+    """An answer that asks for nothing is written with what follows it: here the model
+    step its validator's retry asks for, which comes after it in the ledger."""
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield "draft" if len(messages) == 1 else "final"
+
+    agent: Agent[None, str] = Agent(name="careful")
+
+    @agent.output_validator
+    def no_drafts(output: str) -> str:
+        if output == "draft":
+            raise ModelRetry("not a draft, please")
+        return output
+
+    config = ServerConfig(port=0, log_level="warning")
+    model = FunctionModel(stream_function=answer)
+    async with running_server(config, agent=agent, model=model) as server:
+        page = await FakeBrowser.connect(server.ws_url("v1"), chunk_collector)
+        await page.register([])
+        response = await page.chat("write")
+        await page.close()
+        assert response.final["type"] == "end"
+        await settled(server.hub)
+        [execution] = await server.app.state.ledger.executions()
+        assert execution.status == "completed"
+        steps = await server.app.state.ledger.steps(execution.id)
+        assert [(s.seq, s.kind, s.state) for s in steps] == [
+            (0, "model", "applied"),
+            (1, "model", "applied"),
+        ]
+        assert ["draft" in json.dumps(s.result()) for s in steps] == [True, False]

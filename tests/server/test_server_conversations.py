@@ -185,6 +185,12 @@ async def test_a_run_starts_with_its_history_and_ends_with_its_answer_in_one_tra
     assert end[-1] == "COMMIT"
     # The chat's saves: the start's, the one after the tool's output, the end's.
     assert len(writing("UPDATE chats SET")) == 3
+    # The last answer (it asks for nothing more) is written with the end, not alone:
+    # five transactions a chat (the start, the answer with its call, the call's
+    # result, the save after it, the end).
+    [answer] = [s for s in end if s.startswith("INSERT INTO steps")]
+    assert ", 'model', " in answer, answer
+    assert len(transactions) == 5, [t[0][:40] for t in transactions]
 
 
 async def test_an_end_whose_message_fails_to_store_still_completes_and_stores_it_after(
@@ -196,11 +202,11 @@ async def test_an_end_whose_message_fails_to_store_still_completes_and_stores_it
     save_chat = ledger.save_chat
     failed: list[str] = []
 
-    async def failing_once(*args: Any, streaming: str | None) -> int:
+    async def failing_once(*args: Any, streaming: str | None, **kwargs: Any) -> int:
         if streaming is None and not failed:
             failed.append(args[0])
             raise sqlite3.OperationalError("disk I/O error")
-        return int(await save_chat(*args, streaming=streaming))
+        return int(await save_chat(*args, streaming=streaming, **kwargs))
 
     monkeypatch.setattr(ledger, "save_chat", failing_once)
     await tab.register([tool_spec("echo")], handlers={"echo": echo})

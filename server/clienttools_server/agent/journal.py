@@ -12,7 +12,9 @@ naming the step.
 
 A model step is written once, with its answer, in one ledger transaction with
 the tool steps it asks for and the first delivery of its browser calls; a crash
-while the model is still answering re-asks the model on replay.
+while the model is still answering re-asks the model on replay. An answer that
+asks for nothing more (the run's last, mostly) is written with what follows it:
+the next model step, or the run's end, in the transaction that ends the run.
 """
 
 from __future__ import annotations
@@ -215,7 +217,10 @@ class RunJournal:
         self._seq = 0
         self._model_steps = 0
         # The seq of the model step being streamed: it has no record until the answer is in.
-        self.answering: int | None = None
+        self.streaming: int | None = None
+        # An answer that asked for nothing more, not written yet (record_answer): its
+        # name, step and result.
+        self._unwritten: tuple[str, ModelStep, str] | None = None
         # What the model answered so far in this step, as the chunk writer saw it.
         self.events: list[JsonObject] = []
         # Chunks of this step from its first tool call on: they leave once the step
@@ -232,12 +237,21 @@ class RunJournal:
 
     # -- model steps -----------------------------------------------------------------
 
+    @property
+    def answering(self) -> int | None:
+        """The seq of the model step that has no record yet: streamed, or answered
+        and waiting to be written with what follows it."""
+        if self.streaming is not None:
+            return self.streaming
+        return None if self._unwritten is None else self._unwritten[1].seq
+
     def _next_seq(self) -> int:
         seq = self._seq
         self._seq += 1
         return seq
 
     async def begin_model_step(self, name: str, messages: Sequence[ModelMessage]) -> ModelStep:
+        await self.write_answer()
         step_input = canonical_json({"step": self._model_steps, "messages": digest(messages)})
         self._model_steps += 1
         seq = self._next_seq()
@@ -263,6 +277,14 @@ class RunJournal:
             and p.tool_name not in self.deferred_tools
             and p.tool_name not in self.output_tools
         ]
+        result_json = canonical_json({"events": list(self.events)})
+        if step.recorded is None and not step.pending and not calls and not self.held:
+            # Nothing it asks for waits on its record, and nothing of it is held: it is
+            # written with what follows (write_answer), which is mostly the run's end.
+            # A crash before then re-asks the model, as one while it answers does.
+            self._unwritten = (name, step, result_json)
+            self.held = None
+            return
         planned: list[PlannedCall] = []
         # The chunks held and the invokes leave once the batch has committed. An
         # answer that was not recorded shows nothing of its calls: a run that goes on
@@ -270,7 +292,7 @@ class RunJournal:
         try:
             async with self.ledger.batch():
                 if step.recorded is None:
-                    await self._write_answer(name, step)
+                    await self._write_answer(name, step, result_json)
                 for call in calls:
                     planned.append(await self._plan(call))
                 self.ledger.after_commit(self.release_held)
@@ -293,8 +315,14 @@ class RunJournal:
         for chunk in held:
             self.emit(chunk)
 
-    async def _write_answer(self, name: str, step: ModelStep) -> None:
-        result_json = canonical_json({"events": list(self.events)})
+    async def write_answer(self) -> None:
+        """Write the answer that waits for what follows it (see record_answer), if any:
+        before the next step, and in the batch that ends the run."""
+        unwritten, self._unwritten = self._unwritten, None
+        if unwritten is not None:
+            await self._write_answer(*unwritten)
+
+    async def _write_answer(self, name: str, step: ModelStep, result_json: str) -> None:
         if step.pending:
             outcome = await self.ledger.resolve(
                 self.execution_id, step.seq, result_json, self.clock()
@@ -579,14 +607,14 @@ class JournaledModel(WrapperModel):
             ) as response:
                 yield response
         else:
-            journal.answering = step.seq
+            journal.streaming = step.seq
             try:
                 async with self.wrapped.request_stream(
                     messages, model_settings, model_request_parameters, run_context
                 ) as response:
                     yield response
             finally:
-                journal.answering = None
+                journal.streaming = None
         await journal.record_answer(name, step, response.get())
 
     async def request(self, *args: Any, **kwargs: Any) -> ModelResponse:
