@@ -80,6 +80,35 @@ async def test_a_sqlite_save_writes_only_what_changed(tmp_path: Path) -> None:
         assert chat is not None and chat.messages == (b,) and chat.version == 3
 
 
+async def test_a_save_told_the_chat_is_new_is_right_also_when_it_is_not(
+    ledger: Ledger,
+) -> None:
+    """``new`` only says the chat was missing when read: one made since (another
+    process, another send) is saved as any other, and another session's is refused."""
+    a, b, c = _messages("a", "b", "c")
+    assert await ledger.save_chat("c1", "s1", 0, [a], T0, streaming="e1", new=True) == 1
+    assert await ledger.save_chat("c1", "s1", 1, [b, c], T0 + 1, streaming=None, new=True) == 2
+    chat = await ledger.get_chat("c1")
+    assert chat is not None and chat.session == "s1" and chat.messages == (a, b, c)
+    assert (chat.version, chat.updated_at, chat.streaming) == (2, T0 + 1, None)
+    with pytest.raises(ChatOfOtherSession):
+        await ledger.save_chat("c1", "s2", 0, [], T0 + 2, streaming=None, new=True)
+    chat = await ledger.get_chat("c1")
+    assert chat is not None and chat.version == 2 and chat.messages == (a, b, c)
+
+
+async def test_a_sqlite_save_of_a_new_chat_makes_it_without_reading_it(tmp_path: Path) -> None:
+    (a,) = _messages("a")
+    async with SqliteLedger(str(tmp_path / "ledger.sqlite3")) as ledger:
+        statements: list[str] = []
+        ledger._store._db.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        await ledger.save_chat("c1", "s1", 0, [a], T0, streaming=None, new=True)
+        assert [" ".join(s.split()[:3]) for s in statements] == [
+            "BEGIN IMMEDIATE", "INSERT INTO chats", "INSERT INTO chat_messages",
+            "UPDATE chats SET", "COMMIT",
+        ]  # fmt: skip
+
+
 async def test_a_chat_of_another_session_is_refused_unchanged(ledger: Ledger) -> None:
     await ledger.save_chat("c1", "s1", 0, _messages("a"), T0, streaming=None)
     with pytest.raises(ChatOfOtherSession):

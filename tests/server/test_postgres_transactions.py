@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from clienttools_server.ledger.postgres import PostgresLedger
 from clienttools_server.ledger.postgres_pool import Connections, Transaction
 from tests.support.postgres import PostgresServer
 
@@ -166,3 +167,24 @@ async def test_a_database_error_in_a_batch_rolls_back_what_it_had_deferred(
 async def test_write_later_outside_a_batch_is_written_at_once(connections: Connections) -> None:
     await connections.write_later("INSERT INTO t VALUES (1, 'a')", ())
     assert await _ids(connections) == [1]
+
+
+async def test_a_new_chats_first_save_waits_for_the_server_twice(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Told the chat is new, the save makes its row under the new chat's lock and gets it
+    back in one round trip, then commits: no read of a row that is not there first."""
+    message = '{"id":"m0","parts":[],"role":"user"}'
+    ledger = await PostgresLedger.connect(postgres.fresh_url())
+    try:
+        await ledger.save_chat("warm", "s1", 0, [message], 1.0, streaming=None)  # the pool
+        trips = RoundTrips(monkeypatch)
+        assert await ledger.save_chat("c1", "s1", 0, [message], 2.0, streaming=None, new=True) == 1
+        assert trips.count == 2
+        trips.count = 0
+        assert await ledger.save_chat("c2", "s1", 0, [message], 3.0, streaming=None) == 1
+        assert trips.count == 3  # not told: the read that finds nothing, the insert, COMMIT
+        chat = await ledger.get_chat("c1")
+        assert chat is not None and chat.session == "s1" and chat.messages == (message,)
+    finally:
+        await ledger.close()

@@ -159,6 +159,8 @@ class Prepared:
     history: list[dict[str, JsonValue]]
     texts: list[str]
     kept: int
+    # The chat was not stored when the send was merged: its first save makes it.
+    new: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +328,7 @@ class Conversations:
                 protocol=False,
             )
         kept = kept_prefix(stored.messages, texts) if stored is not None else 0
-        return Prepared(session, chat_id, history, texts, kept)
+        return Prepared(session, chat_id, history, texts, kept, new=stored is None)
 
     async def store_request(self, prepared: Prepared, execution_id: str) -> bool:
         """H1: store the request's history, as the chat of the run it starts.
@@ -336,7 +338,7 @@ class Conversations:
         """
         return await self._save(
             prepared.chat_id, prepared.session, prepared.kept, prepared.texts[prepared.kept :],
-            streaming=execution_id, tell_subscribers=False,
+            streaming=execution_id, tell_subscribers=False, new=prepared.new,
         )  # fmt: skip
 
     def recorder(
@@ -356,11 +358,12 @@ class Conversations:
         *,
         streaming: str | None,
         tell_subscribers: bool = True,
+        new: bool = False,
     ) -> bool:
         try:
             # The other processes subscribed to the chat are told when it commits.
             await self.ledger.save_chat(
-                chat_id, session, keep, texts, self.clock.now(), streaming=streaming
+                chat_id, session, keep, texts, self.clock.now(), streaming=streaming, new=new
             )
         except (ChatOfOtherSession, LedgerUnavailable) as exc:
             # The run goes on; what the page sees is its stream. A later save (the

@@ -438,12 +438,13 @@ class LedgerCore(Generic[Tx]):
         now: float,
         *,
         streaming: str | None,
+        new: bool = False,
     ) -> int:
         if keep < 0:
             raise ValueError(f"keep must not be negative, not {keep}")
         async with self._store.write() as tx:
             # The row lock: two saves of one chat (two processes) queue up on it.
-            owner, version, count = await self._store.locked_chat(tx, chat_id, session, now)
+            owner, version, count = await self._store.locked_chat(tx, chat_id, session, now, new)
             if owner != session:
                 raise ChatOfOtherSession(f"chat {chat_id!r} belongs to another session")
             version, keep = version + 1, min(keep, count)

@@ -245,19 +245,26 @@ class PostgresSessions(Connections):
         )
 
     async def locked_chat(
-        self, tx: Transaction, chat_id: str, session: str, now: float
+        self, tx: Transaction, chat_id: str, session: str, now: float, new: bool
     ) -> tuple[str, int, int]:
         key = escape(chat_id)
-        locked = "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE"
-        row = await tx.fetchone(locked, (key,))
-        if row is None:  # a new chat: made at version 0 (unless another process just made it)
+        row = None
+        if not new:
+            row = await tx.fetchone(
+                "SELECT session, version, message_count FROM chats WHERE id = %s FOR UPDATE",
+                (key,),
+            )
+        if row is None:
+            # A new chat: made at version 0 under its lock; one another process made
+            # since it was read is locked (the no-op update) and returned as it is.
             await tx.defer(f"SELECT {_NEW_CHAT_LOCK.format(mode='')}", (key,))
-            await tx.defer(
+            row = await tx.fetchone(
                 "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
-                "VALUES (%s, %s, 0, 0, NULL, %s) ON CONFLICT (id) DO NOTHING",
+                "VALUES (%s, %s, 0, 0, NULL, %s) "
+                "ON CONFLICT (id) DO UPDATE SET updated_at = chats.updated_at "
+                "RETURNING session, version, message_count",
                 (key, escape(session), now),
             )
-            row = await tx.fetchone(locked, (key,))
         assert row is not None
         return unescape(str(row[0])), int(row[1]), int(row[2])
 

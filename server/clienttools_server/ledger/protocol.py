@@ -282,13 +282,16 @@ class Ledger(Protocol):
         now: float,
         *,
         streaming: str | None,
+        new: bool = False,
     ) -> int:
         """Keep the first ``keep`` stored messages, put ``messages`` (JSON each) after them.
 
         Creates the chat for ``session`` if it is new; raises
         :class:`ChatOfOtherSession` if another session has it. ``streaming``
         names the execution still writing into it (None once its response
-        ended). Returns the chat's new version (1 for a new chat, +1 each save).
+        ended). ``new``: the chat was not there when last read, so the save
+        tries to make it first (one statement fewer; right either way).
+        Returns the chat's new version (1 for a new chat, +1 each save).
         The other processes subscribed to the chat (:meth:`subscribe_chat`) are
         told (``CHAT_CHANGED``) when it commits.
         """

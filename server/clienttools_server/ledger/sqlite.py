@@ -322,17 +322,20 @@ class _SqliteSessions(SqliteConnection):
         return None
 
     async def locked_chat(
-        self, tx: sqlite3.Connection, chat_id: str, session: str, now: float
+        self, tx: sqlite3.Connection, chat_id: str, session: str, now: float, new: bool
     ) -> tuple[str, int, int]:
+        # A new chat is made at version 0: the write lock is ours, no one races.
+        make = (
+            "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
+            "VALUES (?, ?, 0, 0, NULL, ?) ON CONFLICT (id) DO NOTHING"
+        )
+        if new and tx.execute(make, (chat_id, session, now)).rowcount == 1:
+            return session, 0, 0
         row = tx.execute(
             "SELECT session, version, message_count FROM chats WHERE id = ?", (chat_id,)
         ).fetchone()
-        if row is None:  # a new chat, made at version 0: the write lock is ours, no one races
-            tx.execute(
-                "INSERT INTO chats (id, session, version, message_count, streaming, updated_at) "
-                "VALUES (?, ?, 0, 0, NULL, ?)",
-                (chat_id, session, now),
-            )
+        if row is None:
+            tx.execute(make, (chat_id, session, now))
             return session, 0, 0
         return str(row[0]), int(row[1]), int(row[2])
 

@@ -215,9 +215,10 @@ class Store(Protocol[Tx]):
     async def unsubscribe_chat(self, owner: str, chat_id: str) -> None: ...
 
     async def locked_chat(
-        self, tx: Tx, chat_id: str, session: str, now: float
+        self, tx: Tx, chat_id: str, session: str, now: float, new: bool
     ) -> tuple[str, int, int]:
-        """(session, version, message count) of the chat, made (version 0) if new; locked."""
+        """(session, version, message count) of the chat, made (version 0) if new; locked.
+        ``new``: it was not there when last read, so making it is tried first."""
         ...
 
     async def store_chat(
