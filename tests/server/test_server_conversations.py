@@ -17,6 +17,7 @@ from clienttools import ToolClient
 from clienttools_server.agent.conversations import ResponseRecorder
 from clienttools_server.agent.journal import JournaledToolset, RunJournal
 from clienttools_server.agent.page_tools import PageToolset
+from clienttools_server.agent.scripted import scripted_model
 from clienttools_server.app import RunningServer
 from tests.support.faultproxy import FaultProxy
 from tests.support.http import http_json
@@ -183,14 +184,42 @@ async def test_a_run_starts_with_its_history_and_ends_with_its_answer_in_one_tra
     [final] = [s for s in end if s.startswith("UPDATE chats SET")]
     assert "streaming = NULL" in final, final
     assert end[-1] == "COMMIT"
-    # The chat's saves: the start's, the one after the tool's output, the end's.
-    assert len(writing("UPDATE chats SET")) == 3
+    # The chat's saves: the start's and the end's. The save after the tool's output
+    # waits SAVE_DELAY for more, and the scripted model's answer, and the end, came
+    # sooner.
+    assert len(writing("UPDATE chats SET")) == 2
     # The last answer (it asks for nothing more) is written with the end, not alone:
-    # five transactions a chat (the start, the answer with its call, the call's
-    # result, the save after it, the end).
+    # four transactions a chat (the start, the answer with its call, the call's
+    # result, the end).
     [answer] = [s for s in end if s.startswith("INSERT INTO steps")]
     assert ", 'model', " in answer, answer
-    assert len(transactions) == 5, [t[0][:40] for t in transactions]
+    assert len(transactions) == 4, [t[0][:40] for t in transactions]
+
+
+async def test_outputs_are_stored_along_the_way_when_the_answer_takes_longer(
+    start_server: Any, open_browser: OpenBrowser
+) -> None:
+    """A model that takes longer than SAVE_DELAY to answer again: the chat shows both
+    outputs, settled together, in one save while the answer goes on; then its end."""
+    model = scripted_model(first_chunk_delay=0.5)
+    server = await start_server(model_object=model)
+    tab = await open_browser(server)
+    other_tab = await open_browser(server)
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    await subscribe(other_tab)
+    request_id = await send(tab, [user_message('call echo {"x": 1}\ncall echo {"x": 2}')])
+    await stored_after(other_tab, 1)  # the request's history
+    along = await stored_after(other_tab, 2)
+    assert _end_index(tab, request_id) is None  # stored while the answer goes on
+    [_, answer] = along["messages"]
+    outputs = [p.get("output") for p in answer["parts"] if p["type"] == "tool-echo"]
+    assert outputs == [{"x": 1}, {"x": 2}]
+    assert (await tab.response(request_id)).final["type"] == "end"
+    final = await stored_after(other_tab, 3)
+    assert _final_texts(final["messages"])[1] == 'echo -> {"x":1}\necho -> {"x":2}'
+    await settled(server.hub)
+    [(version,)] = [(c.version,) for c in await server.app.state.ledger.chats("s1", 10)]
+    assert version == 3
 
 
 async def test_an_end_whose_message_fails_to_store_still_completes_and_stores_it_after(

@@ -52,7 +52,7 @@ from clienttools.protocol import (
 from clienttools.uimessage import ToolPart, UIMessage
 
 from ..canonical import canonical_json
-from ..clock import Clock
+from ..clock import Clock, Timer
 from ..ledger import (
     CHAT_CHANGED,
     ChatOfOtherSession,
@@ -89,6 +89,11 @@ _SAVE_AFTER: Final = frozenset(
         "tool-input-error",
     }
 )
+
+# Seconds a save along the way waits for what else it can store with it: the
+# outputs of parallel calls that settle together are one save, and a run that ends
+# sooner stores its message once, with its end. Well under what a reload takes.
+SAVE_DELAY: Final = 0.1
 
 # What a refused chat frame says (H5): the same whether the chat exists or not.
 OTHER_SESSION: Final = "this chat id cannot be used from this session"
@@ -454,10 +459,11 @@ class ResponseRecorder:
     Built by :class:`MessageBuilder`, the client's builder, so the stored
     message is the one the Python client shows. Stored at the position after
     the request's history (a response that continues the last assistant
-    message replaces it), after each chunk of ``_SAVE_AFTER``, and in its final
-    state: by :meth:`store_final` in the transaction that ends the run, else by
-    :meth:`close`. The saves along the way happen one at a time, in order, on a
-    task of their own: the run never waits for them.
+    message replaces it), ``SAVE_DELAY`` after a chunk of ``_SAVE_AFTER`` (with
+    what came meanwhile), and in its final state: by :meth:`store_final` in the
+    transaction that ends the run, else by :meth:`close`. The saves along the
+    way happen one at a time, in order, on a task of their own: the run never
+    waits for them, and one not begun when the run ends is not made.
 
         await recorder.flush()              # the saves along the way are done
         async with ledger.batch():
@@ -483,6 +489,7 @@ class ResponseRecorder:
         self._position = len(request.messages)
         self._builder = MessageBuilder(f"msg-{execution_id}")
         self._dirty = False
+        self._timer: Timer | None = None  # the next save along the way, not begun
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
         self._final_stored = False
@@ -510,8 +517,14 @@ class ResponseRecorder:
         self._builder.apply(chunk)
         if kind in _SAVE_AFTER and not self._closed:
             self._dirty = True
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.get_running_loop().create_task(self._write())
+            writing = self._writer is not None and not self._writer.done()
+            if self._timer is None and not writing:  # else the writer takes it in turn
+                self._timer = self._conversations.clock.call_later(SAVE_DELAY, self._begin)
+
+    def _begin(self) -> None:
+        self._timer = None
+        if not self._closed and (self._writer is None or self._writer.done()):
+            self._writer = asyncio.get_running_loop().create_task(self._write())
 
     def _continue(self, message_id: JsonValue) -> None:
         """A response whose id is the last message's continues it (a round-trip)."""
@@ -552,6 +565,9 @@ class ResponseRecorder:
     async def flush(self) -> None:
         """No more saves along the way: wait for the one in flight."""
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         writer, self._writer = self._writer, None
         if writer is None:
             return
