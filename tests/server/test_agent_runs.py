@@ -26,6 +26,7 @@ from clienttools_server.agent.scripted import scripted_model
 from clienttools_server.agent.server_tools import ServerToolset
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
+from clienttools_server.ledger import MAX_STORED_BYTES
 from tests.support.wait import wait_until
 
 
@@ -250,3 +251,29 @@ async def test_an_answer_retried_by_the_output_validator_is_recorded_before_the_
             (1, "model", "applied"),
         ]
         assert ["draft" in json.dumps(s.result()) for s in steps] == [True, False]
+
+
+async def test_a_last_answer_too_large_to_store_fails_the_run_before_its_finish(
+    chunk_collector: ChunkCollector,
+) -> None:
+    """The answer waits for the run's end only if it can be stored: one that cannot
+    ends the response with an error, and no ``finish`` before it."""
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield "x" * MAX_STORED_BYTES
+
+    agent: Agent[None, str] = Agent(name="verbose")
+    config = ServerConfig(port=0, log_level="warning")
+    model = FunctionModel(stream_function=answer)
+    async with running_server(config, agent=agent, model=model) as server:
+        page = await FakeBrowser.connect(server.ws_url("v2"), chunk_collector)
+        await page.register([])
+        response = await page.chat("write a lot")
+        await page.close()
+        kinds = [c["type"] for c in response.chunks]
+        assert "finish" not in kinds and kinds[-1] == "error", kinds[-3:]
+        assert "could not be recorded" in response.chunks[-1]["errorText"]
+        await settled(server.hub)
+        [execution] = await server.app.state.ledger.executions()
+        assert execution.status == "error"
+        assert await server.app.state.ledger.steps(execution.id) == []

@@ -49,7 +49,7 @@ from pydantic_core import to_jsonable_python
 from clienttools.protocol import ToolSpec
 
 from ..canonical import canonical_json
-from ..ledger import Ledger, Resolution, Step
+from ..ledger import Ledger, Resolution, Step, prepare_result
 from .chunk_log import Chunk
 from .history import digest
 
@@ -278,8 +278,10 @@ class RunJournal:
             and p.tool_name not in self.output_tools
         ]
         result_json = canonical_json({"events": list(self.events)})
-        if step.recorded is None and not step.pending and not calls and not self.held:
-            # Nothing it asks for waits on its record, and nothing of it is held: it is
+        fresh = step.recorded is None and not step.pending
+        if fresh and not calls and not self.held and isinstance(prepare_result(result_json), str):
+            # Nothing it asks for waits on its record, nothing of it is held, and it can
+            # be stored (one that cannot fails the run here, before its finish): it is
             # written with what follows (write_answer), which is mostly the run's end.
             # A crash before then re-asks the model, as one while it answers does.
             self._unwritten = (name, step, result_json)

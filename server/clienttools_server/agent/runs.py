@@ -213,14 +213,14 @@ class Run:
         # Finished otherwise already (expired, say), or not in the ledger: nothing to do.
         with contextlib.suppress(InvalidTransition, UnknownExecution):
             # The end, the last answer's step and the message's last state commit
-            # together (H2). A refusal (the lease lost, say) rolls the batch back
-            # whole, so nothing of it is stored. A database error in the save takes
-            # the end back with it: the run, no longer held here, is taken over
-            # once its lease lapses and ends again.
+            # together (H2). The status goes first: a refusal (the lease lost, say)
+            # then stores nothing at all. A database error in the save takes the end
+            # back with it: the run, no longer held here, is taken over once its
+            # lease lapses and ends again (its last answer asked for again).
             async with self.ledger.batch():
+                await self.ledger.set_status(self.execution_id, status, self.clock(), error)
                 if self.journal is not None:
                     await self.journal.write_answer()
-                await self.ledger.set_status(self.execution_id, status, self.clock(), error)
                 if recorder is not None:
                     await recorder.store_final()
 

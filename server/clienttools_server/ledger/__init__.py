@@ -74,7 +74,7 @@ from .records import (
     UnknownExecution,
     UnknownStep,
 )
-from .rules import check_replay
+from .rules import check_replay, prepare_result
 from .schema import SCHEMA_VERSION
 from .sqlite import SqliteLedger
 
@@ -109,4 +109,5 @@ __all__ = [
     "UnknownExecution",
     "UnknownStep",
     "check_replay",
+    "prepare_result",
 ]
