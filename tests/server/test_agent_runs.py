@@ -26,7 +26,7 @@ from clienttools_server.agent.scripted import scripted_model
 from clienttools_server.agent.server_tools import ServerToolset
 from clienttools_server.app import RunningServer, running_server
 from clienttools_server.config import ServerConfig
-from clienttools_server.ledger import MAX_STORED_BYTES
+from clienttools_server.ledger import MAX_STORED_BYTES, Execution, Step
 from tests.support.wait import wait_until
 
 
@@ -217,6 +217,23 @@ async def test_function_toolsets_that_offer_something_stay_in_the_run(
     assert response.text == "Answer in French. | clock, server_time, title"
 
 
+async def _one_chat(
+    agent: Agent[None, Any], answer: Any, text: str, chunk_collector: ChunkCollector
+) -> tuple[Any, Execution, list[Step]]:
+    """A chat of ``text`` on a server of ``agent`` whose model streams ``answer``:
+    the response, and its execution and steps once the server settled."""
+    config = ServerConfig(port=0, log_level="warning")
+    model = FunctionModel(stream_function=answer)
+    async with running_server(config, agent=agent, model=model) as server:
+        page = await FakeBrowser.connect(server.ws_url("one"), chunk_collector)
+        await page.register([])
+        response = await page.chat(text)
+        await page.close()
+        await settled(server.hub)
+        [execution] = await server.app.state.ledger.executions()
+        return response, execution, await server.app.state.ledger.steps(execution.id)
+
+
 async def test_an_answer_retried_by_the_output_validator_is_recorded_before_the_next(
     chunk_collector: ChunkCollector,
 ) -> None:
@@ -234,23 +251,14 @@ async def test_an_answer_retried_by_the_output_validator_is_recorded_before_the_
             raise ModelRetry("not a draft, please")
         return output
 
-    config = ServerConfig(port=0, log_level="warning")
-    model = FunctionModel(stream_function=answer)
-    async with running_server(config, agent=agent, model=model) as server:
-        page = await FakeBrowser.connect(server.ws_url("v1"), chunk_collector)
-        await page.register([])
-        response = await page.chat("write")
-        await page.close()
-        assert response.final["type"] == "end"
-        await settled(server.hub)
-        [execution] = await server.app.state.ledger.executions()
-        assert execution.status == "completed"
-        steps = await server.app.state.ledger.steps(execution.id)
-        assert [(s.seq, s.kind, s.state) for s in steps] == [
-            (0, "model", "applied"),
-            (1, "model", "applied"),
-        ]
-        assert ["draft" in json.dumps(s.result()) for s in steps] == [True, False]
+    response, execution, steps = await _one_chat(agent, answer, "write", chunk_collector)
+    assert response.final["type"] == "end"
+    assert execution.status == "completed"
+    assert [(s.seq, s.kind, s.state) for s in steps] == [
+        (0, "model", "applied"),
+        (1, "model", "applied"),
+    ]
+    assert ["draft" in json.dumps(s.result()) for s in steps] == [True, False]
 
 
 async def test_a_last_answer_too_large_to_store_fails_the_run_before_its_finish(
@@ -263,17 +271,9 @@ async def test_a_last_answer_too_large_to_store_fails_the_run_before_its_finish(
         yield "x" * MAX_STORED_BYTES
 
     agent: Agent[None, str] = Agent(name="verbose")
-    config = ServerConfig(port=0, log_level="warning")
-    model = FunctionModel(stream_function=answer)
-    async with running_server(config, agent=agent, model=model) as server:
-        page = await FakeBrowser.connect(server.ws_url("v2"), chunk_collector)
-        await page.register([])
-        response = await page.chat("write a lot")
-        await page.close()
-        kinds = [c["type"] for c in response.chunks]
-        assert "finish" not in kinds and kinds[-1] == "error", kinds[-3:]
-        assert "could not be recorded" in response.chunks[-1]["errorText"]
-        await settled(server.hub)
-        [execution] = await server.app.state.ledger.executions()
-        assert execution.status == "error"
-        assert await server.app.state.ledger.steps(execution.id) == []
+    response, execution, steps = await _one_chat(agent, answer, "write a lot", chunk_collector)
+    kinds = [c["type"] for c in response.chunks]
+    assert "finish" not in kinds and kinds[-1] == "error", kinds[-3:]
+    assert "could not be recorded" in response.chunks[-1]["errorText"]
+    assert execution.status == "error"
+    assert steps == []
