@@ -379,6 +379,69 @@ async def test_an_aborted_answer_is_stored_as_far_as_it_got(
     assert (await http(server, "DELETE", "/chats/chat-1")).status == 204
 
 
+async def test_an_abort_that_comes_while_the_run_ends_is_too_late(
+    server: RunningServer, tab: FakeBrowser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The finish went out: the run's end (its status, its last answer, its message's
+    # last state) is written whole, and the abort changes nothing.
+    ledger = server.app.state.ledger
+    set_status = ledger.set_status
+    request_ids: list[str] = []
+
+    async def abort_first(execution_id: str, status: str, *args: Any) -> Any:
+        if status == "completed":
+            await tab.send({"type": "abort", "requestId": request_ids[0]})
+            await asyncio.sleep(0.2)  # the abort is handled meanwhile
+        return await set_status(execution_id, status, *args)
+
+    monkeypatch.setattr(ledger, "set_status", abort_first)
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    request_ids.append(await send(tab, [user_message('call echo {"x": 1}')]))
+    response = await tab.response(request_ids[0])
+    assert response.final["type"] == "end"
+    assert response.types[-1] == "finish", response.types
+    await settled(server.hub)
+    [execution] = await ledger.executions()
+    assert (execution.status, execution.error) == ("completed", None)
+    steps = await ledger.steps(execution.id)
+    assert [(s.kind, s.state) for s in steps] == [
+        ("model", "applied"), ("tool", "applied"), ("model", "applied")
+    ]  # fmt: skip
+    stored = await ledger.get_chat("chat-1")
+    assert stored is not None and stored.streaming is None
+    [_, answer] = (await http(server, "GET", "/chats/chat-1")).json["messages"]
+    assert _final_texts([answer]) == ['echo -> {"x":1}']
+
+
+async def test_a_shutdown_while_the_run_ends_waits_for_the_end_to_be_written(
+    server: RunningServer, tab: FakeBrowser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cut short after its status, the end's batch would commit a completed run
+    # without its last answer and with its message still streaming.
+    ledger = server.app.state.ledger
+    set_status = ledger.set_status
+    closed: list[asyncio.Task[None]] = []
+
+    async def close_after(execution_id: str, status: str, *args: Any) -> Any:
+        await set_status(execution_id, status, *args)
+        if status == "completed":
+            closed.append(asyncio.create_task(server.hub.runs.close()))
+            await asyncio.sleep(0.2)  # the runs are cancelled meanwhile
+
+    monkeypatch.setattr(ledger, "set_status", close_after)
+    await tab.register([tool_spec("echo")], handlers={"echo": echo})
+    await send(tab, [user_message('call echo {"x": 1}')])
+    await wait_until(lambda: bool(closed) and closed[0].done())
+    [execution] = await ledger.executions()
+    assert execution.status == "completed"
+    steps = await ledger.steps(execution.id)
+    assert [(s.kind, s.state) for s in steps] == [
+        ("model", "applied"), ("tool", "applied"), ("model", "applied")
+    ]  # fmt: skip
+    stored = await ledger.get_chat("chat-1")
+    assert stored is not None and stored.streaming is None
+
+
 async def test_the_chat_routes(server: RunningServer, open_browser: OpenBrowser) -> None:
     for session, chat_id in [("s1", "a"), ("s2", "b"), ("s1", "c")]:
         page = await open_browser(server, session)

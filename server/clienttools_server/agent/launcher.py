@@ -309,8 +309,8 @@ class RunLauncher:
     async def abort(self, client: Client, frame: AbortFrame) -> None:
         for active in self.runs.values():
             if active.session == client.session and frame.request_id in active.log.request_ids:
-                active.run.aborted = True
-                active.task.cancel()
+                if active.run.abort():
+                    active.task.cancel()
                 return
         if self.shared is not None:
             await self.shared.abort(client, frame)  # a response followed here, run elsewhere
@@ -325,7 +325,8 @@ class RunLauncher:
             if active.session == session_name and active.log.chat_id == chat_id:
                 if active.run.lost:
                     break  # another process runs it now
-                active.run.aborted = True
+                if not active.run.abort():
+                    return False  # it is ending: nothing streams any more
                 active.task.cancel()
                 return True
         if self.shared is not None:
@@ -335,9 +336,8 @@ class RunLauncher:
     def abort_run(self, execution_id: str) -> bool:
         """Abort a run of this process (a page aborted it on another one); False if none."""
         active = self.runs.get(execution_id)
-        if active is None or active.run.lost:
+        if active is None or active.run.lost or not active.run.abort():
             return False
-        active.run.aborted = True
         active.task.cancel()
         return True
 

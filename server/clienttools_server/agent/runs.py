@@ -163,7 +163,18 @@ class Run:
         # Set once another process took the run over (its lease lapsed here): the
         # run stops without writing or emitting anything more.
         self.lost = False
+        # Set once the run's last chunk (finish, error) went out: its end is then
+        # written whole, and an abort comes too late.
+        self.ending = False
         self.journal: RunJournal | None = None
+
+    def abort(self) -> bool:
+        """Mark the run aborted, for the task's cancel to stop it; False once it is
+        ending (its finish or error went out): nothing is left to abort."""
+        if self.ending:
+            return False
+        self.aborted = True
+        return True
 
     @property
     def answering(self) -> int | None:
@@ -207,6 +218,18 @@ class Run:
     async def _finish_status(
         self, status: Literal["completed", "error"], error: str | None
     ) -> None:
+        self.ending = True
+        # A cancel now (a shutdown, say) waits for the end to be written: cut short,
+        # the batch would commit the status without the last answer and the
+        # message's last state.
+        end = asyncio.ensure_future(self._write_end(status, error))
+        try:
+            await asyncio.shield(end)
+        except asyncio.CancelledError:
+            await end
+            raise
+
+    async def _write_end(self, status: Literal["completed", "error"], error: str | None) -> None:
         recorder = self.recorder
         if recorder is not None:
             await recorder.flush()
