@@ -217,6 +217,34 @@ async def test_function_toolsets_that_offer_something_stay_in_the_run(
     assert response.text == "Answer in French. | clock, server_time, title"
 
 
+async def test_a_page_tool_named_like_a_tool_the_agent_offers_later_fails_the_run_clearly(
+    chunk_collector: ChunkCollector,
+) -> None:
+    # Registration refuses the names of the agent's tools it knows; one a toolset
+    # offers only when asked is found when the run asks for the tools.
+    class Dynamic(FunctionToolset[None]):
+        async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
+            return await FunctionToolset([clock]).get_tools(ctx)
+
+    def clock() -> str:
+        """The time."""
+        return "noon"
+
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(config, agent=Agent(toolsets=[Dynamic()])) as server:
+        browser = await FakeBrowser.connect(server.ws_url("b1"), chunk_collector)
+        try:
+            await browser.register([tool_spec("clock")])
+            response = await browser.chat("hello")
+        finally:
+            await browser.close()
+        await settled(server.hub)
+    [error] = response.of_type("error")
+    assert error["errorText"] == (
+        "the agent could not run: a page tool is named 'clock' like a tool of the server"
+    )
+
+
 async def _one_chat(
     agent: Agent[None, Any], answer: Any, text: str, chunk_collector: ChunkCollector
 ) -> tuple[Any, Execution, list[Step]]:
