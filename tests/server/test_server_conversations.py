@@ -188,6 +188,8 @@ async def test_a_run_starts_with_its_history_and_ends_with_its_answer_in_one_tra
     [end] = writing("UPDATE executions SET status = 'completed'")
     [final] = [s for s in end if s.startswith("UPDATE chats SET")]
     assert "streaming = NULL" in final, final
+    # The status is set without reading the run's row first.
+    assert not [s for s in end if s.startswith("SELECT") and "FROM executions" in s], end
     assert end[-1] == "COMMIT"
     # The chat's saves: the start's and the end's. The save after the tool's output
     # waits SAVE_DELAY for more, and the run's end came first.

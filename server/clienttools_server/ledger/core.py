@@ -31,6 +31,7 @@ from typing import Generic, Literal, Self
 
 from ..canonical import canonicalize
 from .records import (
+    CHANGED_FROM,
     FINISHED_STATUSES,
     ChatBusy,
     ChatOfOtherSession,
@@ -234,27 +235,27 @@ class LedgerCore(Generic[Tx]):
     ) -> None:
         held = self._held(execution_id)
         async with self._store.write() as tx:
+            # One statement when it changes; else the row says why (or: finished already).
+            froms = CHANGED_FROM[status]
+            if await self._store.set_status(tx, execution_id, status, error, now, held, froms):
+                if status in FINISHED_STATUSES:
+                    state, error_json = closing_error(status)
+                    await self._store.settle_pending(tx, execution_id, state, error_json, now)
+                return
             execution = await self._store.locked_execution(tx, execution_id)
             if execution is None:
                 raise UnknownExecution(f"no execution {execution_id}")
             if held is not None and execution.generation != held:
                 raise self._leases.lose(execution_id, execution.generation)
             check_transition(execution, status)
-            if execution.finished:
-                return  # same finished status again: nothing changes
-            await self._store.set_status(tx, execution_id, status, error, now)
-            if status in FINISHED_STATUSES:
-                state, error_json = closing_error(status)
-                await self._store.settle_pending(tx, execution_id, state, error_json, now)
 
     async def expire_paused(self, ttl: float, now: float) -> list[str]:
         state, error_json = closing_error("expired", ttl)
+        why, froms = f"expired after {ttl:g} s without progress", CHANGED_FROM["expired"]
         async with self._store.write() as tx:
             expired = await self._store.idle_executions(tx, now - ttl)
             for execution_id in expired:
-                await self._store.set_status(
-                    tx, execution_id, "expired", f"expired after {ttl:g} s without progress", now
-                )
+                await self._store.set_status(tx, execution_id, "expired", why, now, None, froms)
                 await self._store.settle_pending(tx, execution_id, state, error_json, now)
         return expired
 

@@ -222,12 +222,16 @@ class PostgresStore(PostgresSessions):
 
     async def set_status(
         self, tx: Transaction, execution_id: str, status: ExecutionStatus, error: str | None,
-        now: float,
-    ) -> None:  # fmt: skip
-        await tx.defer(
-            "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s",
-            (status, maybe_escape(error), now, escape(execution_id)),
+        now: float, held: int | None, froms: Sequence[ExecutionStatus],
+    ) -> bool:  # fmt: skip
+        # The UPDATE takes the row's lock: another process's status change waits for ours,
+        # and one that committed first is what its WHERE sees.
+        changed = await tx.execute(
+            "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s "
+            "AND generation = COALESCE(%s::bigint, generation) AND status = ANY(%s)",
+            (status, maybe_escape(error), now, escape(execution_id), held, list(froms)),
         )
+        return changed == 1
 
     async def settle_pending(
         self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,

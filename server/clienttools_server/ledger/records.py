@@ -38,6 +38,17 @@ STATUS_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     "expired": frozenset({"expired"}),
 }
 
+# The statuses a change to each status writes over (the unfinished ones it may
+# follow): a finished execution given its own status again stays as it is.
+CHANGED_FROM: dict[ExecutionStatus, tuple[ExecutionStatus, ...]] = {
+    status: tuple(
+        before
+        for before, after in STATUS_TRANSITIONS.items()
+        if status in after and before not in FINISHED_STATUSES
+    )
+    for status in STATUS_TRANSITIONS
+}
+
 # The notification that a chat's stored messages changed (a save or a delete), sent
 # with its commit to the other processes subscribed to the chat: args (chat id,).
 CHAT_CHANGED = "chat"

@@ -479,12 +479,14 @@ class SqliteStore(_SqliteSessions):
 
     async def set_status(
         self, tx: sqlite3.Connection, execution_id: str, status: ExecutionStatus,
-        error: str | None, now: float,
-    ) -> None:  # fmt: skip
-        tx.execute(
-            "UPDATE executions SET status = ?, error = ?, updated_at = ? WHERE id = ?",
-            (status, error, now, execution_id),
+        error: str | None, now: float, held: int | None, froms: Sequence[ExecutionStatus],
+    ) -> bool:  # fmt: skip
+        cursor = tx.execute(
+            "UPDATE executions SET status = ?, error = ?, updated_at = ? WHERE id = ? "
+            f"AND generation = COALESCE(?, generation) AND status IN ({_marks(froms)})",
+            (status, error, now, execution_id, held, *froms),
         )
+        return cursor.rowcount == 1
 
     async def settle_pending(
         self, tx: sqlite3.Connection, execution_id: str, state: StepState, error_json: str,

@@ -12,8 +12,8 @@ refused it; the rules then ask :meth:`Store.generation` why.
 Example (the rules' side)::
 
     async with store.write() as tx:
-        execution = await store.locked_execution(tx, execution_id)
-        await store.set_status(tx, execution_id, "completed", None, now)
+        if not await store.set_status(tx, execution_id, "completed", None, now, held, froms):
+            execution = await store.locked_execution(tx, execution_id)  # why not
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ class Store(Protocol[Tx]):
 
     async def set_status(
         self, tx: Tx, execution_id: str, status: ExecutionStatus, error: str | None, now: float,
-    ) -> None:  # fmt: skip
+        held: int | None, froms: Sequence[ExecutionStatus],
+    ) -> bool:  # fmt: skip
+        """Set the status of the execution if it is one of ``froms`` and at the generation
+        ``held`` (None: any); True if it changed. Takes the row's lock either way."""
         ...
 
     async def settle_pending(
