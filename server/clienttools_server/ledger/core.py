@@ -236,11 +236,9 @@ class LedgerCore(Generic[Tx]):
         held = self._held(execution_id)
         async with self._store.write() as tx:
             # One statement when it changes; else the row says why (or: finished already).
-            froms = CHANGED_FROM[status]
-            if await self._store.set_status(tx, execution_id, status, error, now, held, froms):
-                if status in FINISHED_STATUSES:
-                    state, error_json = closing_error(status)
-                    await self._store.settle_pending(tx, execution_id, state, error_json, now)
+            settle = closing_error(status) if status in FINISHED_STATUSES else None
+            change = (tx, execution_id, status, error, now, held, CHANGED_FROM[status], settle)
+            if await self._store.set_status(*change):
                 return
             execution = await self._store.locked_execution(tx, execution_id)
             if execution is None:
@@ -250,13 +248,14 @@ class LedgerCore(Generic[Tx]):
             check_transition(execution, status)
 
     async def expire_paused(self, ttl: float, now: float) -> list[str]:
-        state, error_json = closing_error("expired", ttl)
-        why, froms = f"expired after {ttl:g} s without progress", CHANGED_FROM["expired"]
+        settle, froms = closing_error("expired", ttl), CHANGED_FROM["expired"]
+        why = f"expired after {ttl:g} s without progress"
         async with self._store.write() as tx:
             expired = await self._store.idle_executions(tx, now - ttl)
             for execution_id in expired:
-                await self._store.set_status(tx, execution_id, "expired", why, now, None, froms)
-                await self._store.settle_pending(tx, execution_id, state, error_json, now)
+                await self._store.set_status(
+                    tx, execution_id, "expired", why, now, None, froms, settle
+                )
         return expired
 
     async def prune_finished(self, retention: float, now: float) -> int:

@@ -223,24 +223,28 @@ class PostgresStore(PostgresSessions):
     async def set_status(
         self, tx: Transaction, execution_id: str, status: ExecutionStatus, error: str | None,
         now: float, held: int | None, froms: Sequence[ExecutionStatus],
+        settle: tuple[StepState, str] | None,
     ) -> bool:  # fmt: skip
         # The UPDATE takes the row's lock: another process's status change waits for ours,
-        # and one that committed first is what its WHERE sees.
-        changed = await tx.execute(
+        # and one that committed first is what its WHERE sees. The pending steps are
+        # settled in the same statement.
+        change = (
             "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s "
-            "AND generation = COALESCE(%s::bigint, generation) AND status = ANY(%s)",
-            (status, maybe_escape(error), now, escape(execution_id), held, list(froms)),
+            "AND generation = COALESCE(%s::bigint, generation) AND status = ANY(%s)"
         )
-        return changed == 1
-
-    async def settle_pending(
-        self, tx: Transaction, execution_id: str, state: StepState, error_json: str, now: float,
-    ) -> None:  # fmt: skip
-        await tx.defer(
+        params: tuple[object, ...] = (
+            status, maybe_escape(error), now, escape(execution_id), held, list(froms),
+        )  # fmt: skip
+        if settle is None:
+            return await tx.execute(change, params) == 1
+        row = await tx.fetchone(
+            f"WITH changed AS ({change} RETURNING id), settled AS ("
             "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
-            "WHERE execution_id = %s AND state = 'pending'",
-            (state, error_json, now, escape(execution_id)),
+            "WHERE execution_id IN (SELECT id FROM changed) AND state = 'pending') "
+            "SELECT count(*) FROM changed",
+            (*params, *settle, now),
         )
+        return row is not None and row[0] == 1
 
     async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
         # SKIP LOCKED: a run another process is changing right now is not idle.

@@ -480,23 +480,20 @@ class SqliteStore(_SqliteSessions):
     async def set_status(
         self, tx: sqlite3.Connection, execution_id: str, status: ExecutionStatus,
         error: str | None, now: float, held: int | None, froms: Sequence[ExecutionStatus],
+        settle: tuple[StepState, str] | None,
     ) -> bool:  # fmt: skip
-        cursor = tx.execute(
+        changed = tx.execute(
             "UPDATE executions SET status = ?, error = ?, updated_at = ? WHERE id = ? "
             f"AND generation = COALESCE(?, generation) AND status IN ({_marks(froms)})",
             (status, error, now, execution_id, held, *froms),
-        )
-        return cursor.rowcount == 1
-
-    async def settle_pending(
-        self, tx: sqlite3.Connection, execution_id: str, state: StepState, error_json: str,
-        now: float,
-    ) -> None:  # fmt: skip
-        tx.execute(
-            "UPDATE steps SET state = ?, error_json = ?, updated_at = ? "
-            "WHERE execution_id = ? AND state = 'pending'",
-            (state, error_json, now, execution_id),
-        )
+        ).rowcount
+        if changed and settle is not None:
+            tx.execute(
+                "UPDATE steps SET state = ?, error_json = ?, updated_at = ? "
+                "WHERE execution_id = ? AND state = 'pending'",
+                (*settle, now, execution_id),
+            )
+        return changed == 1
 
     async def idle_executions(self, tx: sqlite3.Connection, cutoff: float) -> list[str]:
         rows = tx.execute(

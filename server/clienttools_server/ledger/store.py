@@ -12,8 +12,9 @@ refused it; the rules then ask :meth:`Store.generation` why.
 Example (the rules' side)::
 
     async with store.write() as tx:
-        if not await store.set_status(tx, execution_id, "completed", None, now, held, froms):
-            execution = await store.locked_execution(tx, execution_id)  # why not
+        changed = await store.set_status(tx, id, "completed", None, now, held, froms, settle)
+        if not changed:
+            execution = await store.locked_execution(tx, id)  # why not
 """
 
 from __future__ import annotations
@@ -100,16 +101,11 @@ class Store(Protocol[Tx]):
 
     async def set_status(
         self, tx: Tx, execution_id: str, status: ExecutionStatus, error: str | None, now: float,
-        held: int | None, froms: Sequence[ExecutionStatus],
+        held: int | None, froms: Sequence[ExecutionStatus], settle: tuple[StepState, str] | None,
     ) -> bool:  # fmt: skip
         """Set the status of the execution if it is one of ``froms`` and at the generation
-        ``held`` (None: any); True if it changed. Takes the row's lock either way."""
-        ...
-
-    async def settle_pending(
-        self, tx: Tx, execution_id: str, state: StepState, error_json: str, now: float,
-    ) -> None:  # fmt: skip
-        """Settle every pending step of the execution with ``state`` and ``error_json``."""
+        ``held`` (None: any), and then settle its pending steps with ``settle`` (state,
+        error JSON), if given; True if it changed. Takes the row's lock either way."""
         ...
 
     async def idle_executions(self, tx: Tx, cutoff: float) -> list[str]:
