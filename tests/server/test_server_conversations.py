@@ -428,12 +428,17 @@ async def test_a_shutdown_while_the_run_ends_waits_for_the_end_to_be_written(
         await set_status(execution_id, status, *args)
         if status == "completed":
             closed.append(asyncio.create_task(server.hub.runs.close()))
-            await asyncio.sleep(0.2)  # the runs are cancelled meanwhile
+            await asyncio.sleep(0.1)  # the runs are cancelled meanwhile
+            for active in list(server.hub.runs.runs.values()):
+                active.task.cancel()  # and cancelled again
+            await asyncio.sleep(0.1)
 
     monkeypatch.setattr(ledger, "set_status", close_after)
     await tab.register([tool_spec("echo")], handlers={"echo": echo})
-    await send(tab, [user_message('call echo {"x": 1}')])
+    request_id = await send(tab, [user_message('call echo {"x": 1}')])
     await wait_until(lambda: bool(closed) and closed[0].done())
+    # Its end was written: the response ends, rather than wait for a restart.
+    assert (await tab.response(request_id)).final["type"] == "end"
     [execution] = await ledger.executions()
     assert execution.status == "completed"
     steps = await ledger.steps(execution.id)

@@ -252,7 +252,7 @@ class RunLauncher:
             await run.execute()
         finally:
             try:
-                ended = (not self.closing or run.aborted) and not run.lost
+                ended = (not self.closing or run.aborted or run.ended) and not run.lost
                 # Stored before the end goes out: a page that sees the end finds the
                 # final message stored (H2). Not at shutdown or once lost: the run
                 # goes on (after a restart, or on another process) and stores it there.

@@ -200,6 +200,8 @@ class Run:
         # Set once the run's last chunk (finish, error) went out: its end is then
         # written whole, and an abort comes too late.
         self.ending = False
+        # Set once that end is written (or the run was found finished otherwise).
+        self.ended = False
         self.journal: RunJournal | None = None
 
     def abort(self) -> bool:
@@ -257,11 +259,22 @@ class Run:
         # the batch would commit the status without the last answer and the
         # message's last state.
         end = asyncio.ensure_future(self._write_end(status, error))
-        try:
-            await asyncio.shield(end)
-        except asyncio.CancelledError:
-            await end
-            raise
+        cancelled = False
+        while True:  # however many cancels come
+            try:
+                await asyncio.shield(end)
+            except asyncio.CancelledError:
+                if end.cancelled():
+                    raise
+                cancelled = True
+                continue
+            except Exception as exc:
+                if not cancelled:
+                    raise
+                logger.warning("run %s: its end was not written: %s", self.execution_id, exc)
+            break
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _write_end(self, status: Literal["completed", "error"], error: str | None) -> None:
         recorder = self.recorder
@@ -280,6 +293,7 @@ class Run:
                     await self.journal.write_answer()
                 if recorder is not None:
                     await recorder.store_final()
+        self.ended = True
 
     async def _finish(self, reason: str) -> None:
         self.emit({"type": "finish", "finishReason": reason})

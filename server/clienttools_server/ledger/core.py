@@ -235,9 +235,9 @@ class LedgerCore(Generic[Tx]):
     ) -> None:
         held = self._held(execution_id)
         async with self._store.write() as tx:
-            # One statement when it changes; else the row says why (or: finished already).
             settle = closing_error(status) if status in FINISHED_STATUSES else None
-            change = (tx, execution_id, status, error, now, held, CHANGED_FROM[status], settle)
+            froms = CHANGED_FROM.get(status, ())  # none for a status not in the table
+            change = (tx, execution_id, status, error, now, held, froms, settle)
             if await self._store.set_status(*change):
                 return
             execution = await self._store.locked_execution(tx, execution_id)

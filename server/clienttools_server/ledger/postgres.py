@@ -226,25 +226,21 @@ class PostgresStore(PostgresSessions):
         settle: tuple[StepState, str] | None,
     ) -> bool:  # fmt: skip
         # The UPDATE takes the row's lock: another process's status change waits for ours,
-        # and one that committed first is what its WHERE sees. The pending steps are
-        # settled in the same statement.
-        change = (
+        # and one that committed first is what its WHERE sees. The settling is a statement
+        # of its own (deferred: no round trip), so that its snapshot is taken after that
+        # wait and sees every step committed before it.
+        changed = await tx.execute(
             "UPDATE executions SET status = %s, error = %s, updated_at = %s WHERE id = %s "
-            "AND generation = COALESCE(%s::bigint, generation) AND status = ANY(%s)"
+            "AND generation = COALESCE(%s::bigint, generation) AND status = ANY(%s)",
+            (status, maybe_escape(error), now, escape(execution_id), held, list(froms)),
         )
-        params: tuple[object, ...] = (
-            status, maybe_escape(error), now, escape(execution_id), held, list(froms),
-        )  # fmt: skip
-        if settle is None:
-            return await tx.execute(change, params) == 1
-        row = await tx.fetchone(
-            f"WITH changed AS ({change} RETURNING id), settled AS ("
-            "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
-            "WHERE execution_id IN (SELECT id FROM changed) AND state = 'pending') "
-            "SELECT count(*) FROM changed",
-            (*params, *settle, now),
-        )
-        return row is not None and row[0] == 1
+        if changed == 1 and settle is not None:
+            await tx.defer(
+                "UPDATE steps SET state = %s, error_json = %s, updated_at = %s "
+                "WHERE execution_id = %s AND state = 'pending'",
+                (*settle, now, escape(execution_id)),
+            )
+        return changed == 1
 
     async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
         # SKIP LOCKED: a run another process is changing right now is not idle.
