@@ -181,6 +181,34 @@ def test_a_function_toolset_that_offers_nothing_is_left_out() -> None:
     assert isinstance(kept, CombinedToolset) and len(kept.toolsets) == 2
 
 
+def clock() -> str:
+    """The time."""
+    return "noon"
+
+
+class _OffersClock(FunctionToolset[None]):
+    """Holds no tools, and offers one: ``clock``, only when asked."""
+
+    async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
+        return await FunctionToolset([clock]).get_tools(ctx)
+
+
+async def _chat_with_page_tools(
+    agent: Agent[None, Any], names: list[str], chunk_collector: ChunkCollector, **model: Any
+) -> Any:
+    """One chat "hello" on a server of ``agent``, from a page with tools ``names``."""
+    config = ServerConfig(port=0, log_level="warning")
+    async with running_server(config, agent=agent, **model) as server:
+        browser = await FakeBrowser.connect(server.ws_url("b1"), chunk_collector)
+        try:
+            await browser.register([tool_spec(name) for name in names])
+            response = await browser.chat("hello")
+        finally:
+            await browser.close()
+        await settled(server.hub)
+    return response
+
+
 async def test_function_toolsets_that_offer_something_stay_in_the_run(
     chunk_collector: ChunkCollector,
 ) -> None:
@@ -190,30 +218,15 @@ async def test_function_toolsets_that_offer_something_stay_in_the_run(
         tools = sorted(tool.name for tool in info.function_tools)
         yield f"{info.instructions} | {', '.join(tools)}"
 
-    class Dynamic(FunctionToolset[None]):
-        """Holds no tools, and offers one."""
-
-        async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
-            return await FunctionToolset([clock]).get_tools(ctx)
-
-    def clock() -> str:
-        """The time."""
-        return "noon"
-
     agent: Agent[None, Any] = Agent(
-        toolsets=[FunctionToolset(instructions="Answer in French."), FunctionToolset(), Dynamic()]
+        toolsets=[
+            FunctionToolset(instructions="Answer in French."),
+            FunctionToolset(),
+            _OffersClock(),
+        ]
     )
-    config = ServerConfig(port=0, log_level="warning")
-    async with running_server(
-        config, agent=agent, model=FunctionModel(stream_function=tell)
-    ) as server:
-        browser = await FakeBrowser.connect(server.ws_url("b1"), chunk_collector)
-        try:
-            await browser.register([tool_spec("title")])
-            response = await browser.chat("hello")
-        finally:
-            await browser.close()
-        await settled(server.hub)
+    model = FunctionModel(stream_function=tell)
+    response = await _chat_with_page_tools(agent, ["title"], chunk_collector, model=model)
     assert response.text == "Answer in French. | clock, server_time, title"
 
 
@@ -222,23 +235,8 @@ async def test_a_page_tool_named_like_a_tool_the_agent_offers_later_fails_the_ru
 ) -> None:
     # Registration refuses the names of the agent's tools it knows; one a toolset
     # offers only when asked is found when the run asks for the tools.
-    class Dynamic(FunctionToolset[None]):
-        async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
-            return await FunctionToolset([clock]).get_tools(ctx)
-
-    def clock() -> str:
-        """The time."""
-        return "noon"
-
-    config = ServerConfig(port=0, log_level="warning")
-    async with running_server(config, agent=Agent(toolsets=[Dynamic()])) as server:
-        browser = await FakeBrowser.connect(server.ws_url("b1"), chunk_collector)
-        try:
-            await browser.register([tool_spec("clock")])
-            response = await browser.chat("hello")
-        finally:
-            await browser.close()
-        await settled(server.hub)
+    agent: Agent[None, Any] = Agent(toolsets=[_OffersClock()])
+    response = await _chat_with_page_tools(agent, ["clock"], chunk_collector)
     [error] = response.of_type("error")
     assert error["errorText"] == (
         "the agent could not run: a page tool is named 'clock' like a tool of the server"
