@@ -3,10 +3,11 @@ written once and fenced by the lease, the rows of ended responses pruned after t
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from clienttools_server.cluster.shared_streams import ChunkStore
-from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger
+from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger, UnknownExecution
 from clienttools_server.ledger.postgres import PostgresLedger
 from tests.support.postgres import PostgresServer
 
@@ -88,3 +89,45 @@ async def test_the_chunks_of_a_response_go_once_it_ended_longer_than_the_grace_a
         assert await store.prune(T0 + 11) == 2
         assert (await store.read(ended.id, -1))[1] == []
         assert len((await store.read(going.id, -1))[1]) == 2  # still streaming: kept, however old
+
+
+async def test_pruning_a_finished_run_deletes_its_steps_and_chunks_and_skips_a_locked_one(
+    postgres: PostgresServer,
+) -> None:
+    # No foreign key cascades on PostgreSQL (schema.py, migration 12): the prune deletes
+    # a run's steps and chunks itself, and leaves a run another transaction holds.
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        store = ChunkStore(ledger)
+        runs = [await ledger.start_execution("s", "{}", T0, chat_id=c) for c in ("a", "b")]
+        for run in runs:
+            await ledger.record_step(run.id, 0, "tool", "t", "{}", "client", T0)
+            await store.append(run.id, [(0, "{}"), (1, None)], [])
+            await ledger.set_status(run.id, "completed", T0 + 1)
+        with psycopg.connect(url) as holder:
+            holder.execute("SELECT 1 FROM executions WHERE id = %s FOR UPDATE", (runs[1].id,))
+            assert await ledger.prune_finished(retention=1.0, now=T0 + 5) == 1  # not waiting
+        assert await ledger.get_execution(runs[0].id) is None
+        assert await ledger.get_execution(runs[1].id) is not None
+        assert await ledger.prune_finished(retention=1.0, now=T0 + 5) == 1  # released: its turn
+        with psycopg.connect(url) as raw:
+            for table in ("executions", "steps", "chunks"):
+                assert raw.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+async def test_no_step_or_chunk_is_written_for_a_run_that_is_not_there(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    async with await PostgresLedger.connect(url) as ledger:
+        with pytest.raises(UnknownExecution):
+            await ledger.record_step("nope", 0, "tool", "t", "{}", "client", T0)
+        assert await ChunkStore(ledger).append("nope", [(0, "{}")], []) == 0
+        with psycopg.connect(url) as raw:
+            for table in ("steps", "chunks"):
+                assert raw.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+            keys = raw.execute(
+                "SELECT c.relname FROM pg_constraint AS k JOIN pg_class AS c ON c.oid = k.conrelid "
+                "WHERE k.contype = 'f' AND k.connamespace = current_schema()::regnamespace"
+            ).fetchall()
+            assert keys == [("chat_messages",)]  # a chat's messages keep theirs

@@ -254,13 +254,22 @@ class PostgresStore(PostgresSessions):
         return [unescape(str(row[0])) for row in rows]
 
     async def prune_finished(self, cutoff: float) -> int:
-        # The steps go with their execution (ON DELETE CASCADE).
+        # No foreign key deletes a run's steps and chunks (schema.py, migration 12):
+        # the runs are locked first, so a write that fenced one before commits before
+        # the deletes below (each statement sees it) and one after finds no run. A run
+        # locked by another transaction right now is left to the next prune.
         async with self.write() as tx:
-            return await tx.execute(
-                "DELETE FROM executions WHERE status = ANY(%s) "
-                "AND created_at < %s AND updated_at < %s",
+            rows = await tx.fetchall(
+                "SELECT id FROM executions WHERE status = ANY(%s) "
+                "AND created_at < %s AND updated_at < %s FOR UPDATE SKIP LOCKED",
                 (sorted(FINISHED_STATUSES), cutoff, cutoff),
             )
+            if not rows:
+                return 0
+            ids = [row[0] for row in rows]
+            for table in ("steps", "chunks"):
+                await tx.execute(f"DELETE FROM {table} WHERE execution_id = ANY(%s)", (ids,))
+            return await tx.execute("DELETE FROM executions WHERE id = ANY(%s)", (ids,))
 
     # steps
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # Per dialect: ids and sessions sort by byte (COLLATE "C" on PostgreSQL; SQLite's
 # default BINARY collation is that already), whatever the database's locale.
@@ -209,6 +209,19 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
         "DROP INDEX executions_by_status",
         "CREATE INDEX executions_by_status ON executions (status, created_at)",
         {"sqlite": None, "postgres": "ALTER TABLE executions SET (fillfactor = 70)"},
+    ),
+    # 12: on PostgreSQL, no foreign key from a step or a chunk to its run. Every insert
+    # into either carries the fence, which finds the run and holds its row lock to the
+    # end of the transaction, so the key's own check (a query and a lock of that row
+    # for each row inserted: a chat's twenty-odd) only cost CPU. The cascade it gave is
+    # the prune's own statements (PostgresStore.prune_finished). SQLite keeps both: it
+    # writes one transaction at a time and deletes through the cascade.
+    (
+        {"sqlite": None, "postgres": "ALTER TABLE steps DROP CONSTRAINT steps_execution_id_fkey"},
+        {
+            "sqlite": None,
+            "postgres": "ALTER TABLE chunks DROP CONSTRAINT chunks_execution_id_fkey",
+        },
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
