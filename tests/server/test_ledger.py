@@ -575,11 +575,21 @@ async def test_invalid_error_json_is_invalid(ledger: Ledger, bad: str) -> None:
     assert step is not None and step.state == "pending"
 
 
-async def test_resolve_keeps_the_execution_from_expiring(ledger: Ledger) -> None:
-    execution_id, seq = await _tool_step(ledger)
-    await ledger.resolve(execution_id, seq, "1", now=T0 + HOUR)
-    execution = await ledger.get_execution(execution_id)
-    assert execution is not None and execution.updated_at == T0 + HOUR
+async def test_a_step_recorded_or_settled_keeps_its_run_from_expiring(ledger: Ledger) -> None:
+    # Progress by the steps' own timestamps: the run's row is not written by them.
+    recorded = await ledger.start_execution("chat-1", "{}", now=T0)
+    await ledger.record_step(recorded.id, 0, "tool", "t", "{}", "client", T0 + HOUR)
+    settled, seq = await _tool_step(ledger, "chat-2")
+    await ledger.record_step(settled, seq + 1, "tool", "t", "{}", "client", T0)
+    await ledger.resolve(settled, seq, "1", now=T0 + HOUR)
+    attempted, seq = await _tool_step(ledger, "chat-3")
+    assert await ledger.add_attempt(attempted, seq, now=T0 + HOUR) == 1  # a delivery: not progress
+    run = await ledger.get_execution(recorded.id)
+    assert run is not None and run.updated_at == T0
+    assert await ledger.expire_paused(ttl=HOUR / 2, now=T0 + HOUR + 1) == [attempted]
+    assert sorted(await ledger.expire_paused(ttl=HOUR / 2, now=T0 + 2 * HOUR)) == sorted(
+        [recorded.id, settled]
+    )
 
 
 # --------------------------------------------------------------------------- attempts
@@ -677,22 +687,22 @@ async def test_prune_deletes_finished_executions_past_the_retention_only(ledger:
         await ledger.prune_finished(retention=-1.0, now=T0)
 
 
-async def test_a_step_recorded_or_settled_writes_its_run_in_place_on_postgres(
+async def test_a_step_recorded_or_settled_leaves_its_run_row_alone_on_postgres(
     postgres: PostgresServer,
 ) -> None:
-    # Each changes the run's updated_at, which no index holds: PostgreSQL writes the
-    # new row version beside the old one (a heap-only tuple), with no index entry.
+    # Progress is read from the steps (quiet_since), so the run's row keeps its one
+    # version: no row version written beside it, no dead one for the vacuum.
     url = postgres.fresh_url()
     async with _opened("postgres", url) as ledger:
         execution_id, seq = await _tool_step(ledger)
         await ledger.resolve(execution_id, seq, "1", now=T0 + 1)
-    heap_only = 0x8000  # HEAP_ONLY_TUPLE in t_infomask2 (PostgreSQL's htup_details.h)
+        await ledger.record_step(execution_id, seq + 1, "model", "m", "{}", "server", T0 + 2)
     with psycopg.connect(url, autocommit=True) as raw:
         raw.execute("CREATE EXTENSION IF NOT EXISTS pageinspect SCHEMA public")
-        masks = raw.execute(
-            "SELECT t_infomask2 FROM public.heap_page_items(public.get_raw_page('executions', 0))"
+        versions = raw.execute(
+            "SELECT t_xmin FROM public.heap_page_items(public.get_raw_page('executions', 0))"
         ).fetchall()
-    assert sum(1 for (mask,) in masks if mask is not None and mask & heap_only) == 2
+    assert len(versions) == 1
 
 
 # --------------------------------------------------------------------------- durability

@@ -53,6 +53,7 @@ from .schema import (
     SCHEMA_VERSION,
     STEP_COLUMNS,
     fence,
+    quiet_since,
     where,
 )
 
@@ -69,28 +70,22 @@ __all__ = [
 
 _FENCE = fence("postgres")
 _STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_COLUMNS.split(","))
-# Each write below is one statement, so one round trip and atomic by itself: the
-# step and the execution's updated_at (a step recorded or settled is progress, so
-# the run is not idle and not expirable yet) change together or not at all.
-# An unknown execution inserts nothing, rather than raising a foreign-key error
-# that would abort a batch's transaction.
+_QUIET = quiet_since("postgres")
+# Each write below is one statement, so one round trip and atomic by itself. A step
+# recorded or settled is its run's progress by its own timestamps (quiet_since): the
+# run's row is not written. An unknown execution inserts nothing, rather than raising
+# an error that would abort a batch's transaction.
 _RECORD_STEP = (
-    f"WITH inserted AS (INSERT INTO steps ({STEP_COLUMNS}) "
+    f"INSERT INTO steps ({STEP_COLUMNS}) "
     "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
     f"WHERE {_FENCE} "
-    "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING execution_id), "
-    "touched AS (UPDATE executions SET updated_at = %s "
-    "WHERE id = %s AND EXISTS (SELECT 1 FROM inserted)) "
-    "SELECT count(*) FROM inserted"
+    "ON CONFLICT (execution_id, seq) DO NOTHING RETURNING 1"
 )
 _SETTLE_SQL = {
     field: (
-        f"WITH settled AS (UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
+        f"UPDATE steps SET state = %s, {field}_json = %s, updated_at = %s "
         f"WHERE execution_id = %s AND seq = %s AND state = 'pending' AND {_FENCE} "
-        f"RETURNING {STEP_COLUMNS}), "
-        "touched AS (UPDATE executions SET updated_at = %s "
-        "WHERE id IN (SELECT execution_id FROM settled)) "
-        "SELECT * FROM settled"
+        f"RETURNING {STEP_COLUMNS}"
     )
     for field in ("result", "error")
 }
@@ -245,11 +240,11 @@ class PostgresStore(PostgresSessions):
     async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
         # SKIP LOCKED: a run another process is changing right now is not idle.
         rows = await tx.fetchall(
-            "SELECT id FROM executions AS e WHERE created_at < %s AND updated_at < %s AND ("
+            f"SELECT id FROM executions AS e WHERE created_at < %s AND {_QUIET} AND ("
             " status = 'paused' OR (status = 'running' AND EXISTS ("
             "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
             " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
-            (cutoff, cutoff),
+            (cutoff,) * 4,
         )
         return [unescape(str(row[0])) for row in rows]
 
@@ -260,9 +255,9 @@ class PostgresStore(PostgresSessions):
         # locked by another transaction right now is left to the next prune.
         async with self.write() as tx:
             rows = await tx.fetchall(
-                "SELECT id FROM executions WHERE status = ANY(%s) "
-                "AND created_at < %s AND updated_at < %s FOR UPDATE SKIP LOCKED",
-                (sorted(FINISHED_STATUSES), cutoff, cutoff),
+                "SELECT id FROM executions AS e WHERE status = ANY(%s) "
+                f"AND created_at < %s AND {_QUIET} FOR UPDATE SKIP LOCKED",
+                (sorted(FINISHED_STATUSES), *(cutoff,) * 4),
             )
             if not rows:
                 return 0
@@ -275,14 +270,14 @@ class PostgresStore(PostgresSessions):
 
     async def insert_step(self, step: Step, held: int | None) -> bool:
         s = step
-        [(inserted,)] = await self.write_one(
+        inserted = await self.write_one(
             _RECORD_STEP,
             (
                 escape(s.execution_id), s.seq, s.kind, escape(s.name), s.input_json,
                 s.resolution, s.state, s.result_json, s.error_json, maybe_escape(s.request_id),
                 s.attempts, s.created_at, s.updated_at, s.spec_json,
                 s.target_connection, maybe_escape(s.target_client_id),
-                escape(s.execution_id), held, s.updated_at, escape(s.execution_id),
+                escape(s.execution_id), held,
             ),
         )  # fmt: skip
         return bool(inserted)
@@ -327,7 +322,7 @@ class PostgresStore(PostgresSessions):
     ) -> Step | None:  # fmt: skip
         key = escape(execution_id)
         rows = await self.write_one(
-            _SETTLE_SQL[field], (state, value_json, now, key, seq, key, held, now)
+            _SETTLE_SQL[field], (state, value_json, now, key, seq, key, held)
         )
         return _step(rows[0]) if rows else None
 

@@ -279,6 +279,23 @@ STEP_COLUMNS = (
 )
 
 
+def quiet_since(dialect: Dialect) -> str:
+    """The condition that run ``e`` made no progress since a cutoff; parameters: it, 3 times.
+
+    A run's progress is its own row's last change (its start, status, lease) and
+    its steps' (each recorded at its ``created_at``, each settled at its
+    ``updated_at``; a delivery attempt of a pending one is not progress). A step's
+    write does not change its run's row: that write, at every step, cost more of
+    PostgreSQL's CPU than this read of the run's steps at expiry and pruning.
+    """
+    p = _PLACEHOLDER[dialect]
+    return (
+        f"e.updated_at < {p} AND NOT EXISTS (SELECT 1 FROM steps AS q WHERE "
+        f"q.execution_id = e.id AND (q.created_at >= {p} "
+        f"OR (q.state <> 'pending' AND q.updated_at >= {p})))"
+    )
+
+
 def fence(dialect: Dialect) -> str:
     """The condition every write for an execution carries; parameters: its id, the generation held.
 

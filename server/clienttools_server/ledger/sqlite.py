@@ -55,6 +55,7 @@ from .schema import (
     applied,
     fence,
     prune_session_tools,
+    quiet_since,
     trim_session_tools,
     where,
 )
@@ -68,7 +69,7 @@ _INSERT_STEP = (
     f"INSERT INTO steps ({STEP_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING"
 )
-_TOUCH_EXECUTION = "UPDATE executions SET updated_at = ? WHERE id = ?"
+_QUIET = quiet_since("sqlite")
 _SETTLE_SQL = {
     field: (
         f"UPDATE steps SET state = ?, {field}_json = ?, updated_at = ? "
@@ -497,11 +498,11 @@ class SqliteStore(_SqliteSessions):
 
     async def idle_executions(self, tx: sqlite3.Connection, cutoff: float) -> list[str]:
         rows = tx.execute(
-            "SELECT id FROM executions AS e WHERE created_at < ? AND updated_at < ? AND ("
+            f"SELECT id FROM executions AS e WHERE created_at < ? AND {_QUIET} AND ("
             " status = 'paused' OR (status = 'running' AND EXISTS ("
             "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
             " ORDER BY created_at, id",
-            (cutoff, cutoff),
+            (cutoff,) * 4,
         ).fetchall()
         return [str(row[0]) for row in rows]
 
@@ -511,9 +512,9 @@ class SqliteStore(_SqliteSessions):
             # The steps go with their execution (ON DELETE CASCADE).
             return int(
                 db.execute(
-                    f"DELETE FROM executions WHERE status IN ({finished}) "
-                    "AND created_at < ? AND updated_at < ?",
-                    (cutoff, cutoff),
+                    f"DELETE FROM executions AS e WHERE status IN ({finished}) "
+                    f"AND created_at < ? AND {_QUIET}",
+                    (cutoff,) * 4,
                 ).rowcount
             )
 
@@ -528,9 +529,6 @@ class SqliteStore(_SqliteSessions):
         )  # fmt: skip
         with self._write() as db:
             inserted = db.execute(_INSERT_STEP, values).rowcount
-            if inserted:
-                # A step recorded is progress: the run is not idle, so not expirable yet.
-                db.execute(_TOUCH_EXECUTION, (step.updated_at, step.execution_id))
         return bool(inserted)
 
     async def get_step(self, execution_id: str, seq: int) -> Step | None:
@@ -574,10 +572,7 @@ class SqliteStore(_SqliteSessions):
             rows = db.execute(
                 _SETTLE_SQL[field], (state, value_json, now, execution_id, seq, execution_id, held)
             ).fetchall()
-            if not rows:
-                return None
-            db.execute(_TOUCH_EXECUTION, (now, execution_id))
-        return _step(rows[0])
+        return _step(rows[0]) if rows else None
 
     async def add_attempt(
         self, execution_id: str, seq: int, now: float, target: tuple[str | None, str | None],
