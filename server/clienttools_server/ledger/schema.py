@@ -205,6 +205,7 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     # the WAL of a step's insert), given room on the row's page (the fillfactor).
     # A query for runs older than a cutoff asks created_at < cutoff besides
     # updated_at < cutoff: every run changed before the cutoff was created before it.
+    # (Steps no longer write their run's row: a run's progress is quiet_since's.)
     (
         "DROP INDEX executions_by_status",
         "CREATE INDEX executions_by_status ON executions (status, created_at)",
