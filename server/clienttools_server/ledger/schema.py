@@ -218,10 +218,13 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     # the prune's own statements (PostgresStore.prune_finished). SQLite keeps both: it
     # writes one transaction at a time and deletes through the cascade.
     (
-        {"sqlite": None, "postgres": "ALTER TABLE steps DROP CONSTRAINT steps_execution_id_fkey"},
         {
             "sqlite": None,
-            "postgres": "ALTER TABLE chunks DROP CONSTRAINT chunks_execution_id_fkey",
+            "postgres": "ALTER TABLE steps DROP CONSTRAINT IF EXISTS steps_execution_id_fkey",
+        },
+        {
+            "sqlite": None,
+            "postgres": "ALTER TABLE chunks DROP CONSTRAINT IF EXISTS chunks_execution_id_fkey",
         },
     ),
 )
