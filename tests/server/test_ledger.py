@@ -42,8 +42,9 @@ from clienttools_server.ledger import (
     check_replay,
 )
 from clienttools_server.ledger.postgres import SCHEMA_VERSION, PostgresLedger
+from clienttools_server.ledger.schema import MIGRATIONS, render
 from tests.server.old_ledger_schemas import old_postgres_ledger, old_sqlite_ledger
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, foreign_key_tables
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -863,6 +864,35 @@ async def test_a_postgres_ledger_of_an_old_version_comes_to_the_one_schema(
             await ledger.start_execution("old", "{}", T0, chat_id="c")
     with psycopg.connect(url) as raw:
         assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
+        assert foreign_key_tables(raw) == ["chat_messages"]
+
+
+async def test_a_postgres_ledger_of_version_11_loses_the_keys_of_steps_and_chunks(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.fresh_url()
+    with psycopg.connect(url, autocommit=True) as raw:
+        for number in range(1, 12):
+            for statement in MIGRATIONS[number - 1]:
+                if (text := render(statement, "postgres")) is not None:
+                    raw.execute(text)
+        raw.execute("CREATE TABLE ledger_schema (version INTEGER NOT NULL)")
+        raw.execute("INSERT INTO ledger_schema (version) VALUES (11)")
+        assert foreign_key_tables(raw) == ["chat_messages", "chunks", "steps"]
+    async with await PostgresLedger.connect(url) as ledger:
+        await _tool_step(ledger)
+        assert await ledger.prune_finished(retention=0.0, now=T0 + 1) == 0
+    with psycopg.connect(url) as raw:
+        assert raw.execute("SELECT version FROM ledger_schema").fetchall() == [(SCHEMA_VERSION,)]
+        assert foreign_key_tables(raw) == ["chat_messages"]
+
+
+async def test_a_delivery_attempt_leaves_a_settled_step_as_it_was(ledger: Ledger) -> None:
+    execution_id, seq = await _tool_step(ledger)
+    await ledger.resolve(execution_id, seq, "1", now=T0 + 1)
+    await ledger.add_attempt(execution_id, seq, now=T0 + HOUR)  # a late one (another process)
+    step = await ledger.get_step(execution_id, seq)
+    assert step is not None and step.state == "applied" and step.updated_at == T0 + 1
 
 
 async def test_both_dialects_make_the_same_tables_and_columns(

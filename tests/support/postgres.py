@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -147,3 +148,13 @@ class PostgresServer:
             with contextlib.suppress(PostgresUnavailable):
                 self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def foreign_key_tables(connection: psycopg.Connection[Any]) -> list[str]:
+    """The tables of the connection's current schema that hold a foreign key, by name."""
+    rows = connection.execute(
+        "SELECT c.relname FROM pg_constraint AS k JOIN pg_class AS c ON c.oid = k.conrelid "
+        "WHERE k.contype = 'f' AND k.connamespace = current_schema()::regnamespace "
+        "ORDER BY c.relname"
+    ).fetchall()
+    return [str(row[0]) for row in rows]

@@ -3,9 +3,9 @@
 :class:`PostgresLedger` is the ledger's rules (``core.py``, the same class as
 SQLite's) over the PostgreSQL store here: each logical step is one committed
 transaction (or a part of one :meth:`~PostgresLedger.batch`), and most are
-one statement, so one round trip: the fence, the write and the execution's
-``updated_at`` together. The connections, batches and what happens while the
-database is away are ``postgres_pool.py``'s. The routing between processes
+one statement, so one round trip: the fence and the write together. The
+connections, batches and what happens while the database is away are
+``postgres_pool.py``'s. The routing between processes
 (LISTEN/NOTIFY, ``cluster.py``) listens on a connection of its own outside
 the pool; :meth:`~PostgresLedger.notify` goes through the pool. The shared
 chunk log of a chat's response (``shared_stream.py``) has its statements here
@@ -71,6 +71,11 @@ __all__ = [
 _FENCE = fence("postgres")
 _STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_COLUMNS.split(","))
 _QUIET = quiet_since("postgres")
+# A run that waits (for a page, an approval) with no progress since a cutoff (4 times).
+_IDLE = (
+    f"created_at < %s AND {_QUIET} AND (status = 'paused' OR (status = 'running' AND "
+    "EXISTS (SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
+)
 # Each write below is one statement, so one round trip and atomic by itself. A step
 # recorded or settled is its run's progress by its own timestamps (quiet_since): the
 # run's row is not written. An unknown execution inserts nothing, rather than raising
@@ -117,6 +122,24 @@ _PRUNE_CHUNKS = (
 ChunkHead = tuple[str, str | None, float]
 # One row of the chunk log: (seq, chunk JSON, or None for the end).
 ChunkRow = tuple[int, str | None]
+
+
+async def _still(
+    tx: Transaction, condition: str, rows: list[tuple[Any, ...]], params: Sequence[object]
+) -> list[tuple[Any, ...]]:
+    """The runs of ``rows`` (locked) that still meet ``condition``, read again.
+
+    A ``SELECT ... FOR UPDATE`` judges a row by its statement's snapshot and checks
+    it again only if the row itself changed; a step's write does not change its
+    run's row (quiet_since), it only locks it. So a step that committed between the
+    snapshot and the lock is seen only by a statement of its own, which this is:
+    every write for these runs either committed before it or waits for our lock.
+    """
+    return await tx.fetchall(
+        f"SELECT id FROM executions AS e WHERE id = ANY(%s) AND {condition} "
+        "ORDER BY created_at, id",
+        ([row[0] for row in rows], *params),
+    )
 
 
 def _execution(row: Sequence[Any]) -> Execution:
@@ -240,12 +263,12 @@ class PostgresStore(PostgresSessions):
     async def idle_executions(self, tx: Transaction, cutoff: float) -> list[str]:
         # SKIP LOCKED: a run another process is changing right now is not idle.
         rows = await tx.fetchall(
-            f"SELECT id FROM executions AS e WHERE created_at < %s AND {_QUIET} AND ("
-            " status = 'paused' OR (status = 'running' AND EXISTS ("
-            "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
-            " ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
+            f"SELECT id FROM executions AS e WHERE {_IDLE} "
+            "ORDER BY created_at, id FOR UPDATE SKIP LOCKED",
             (cutoff,) * 4,
         )
+        if rows:
+            rows = await _still(tx, _IDLE, rows, (cutoff,) * 4)
         return [unescape(str(row[0])) for row in rows]
 
     async def prune_finished(self, cutoff: float) -> int:
@@ -253,12 +276,14 @@ class PostgresStore(PostgresSessions):
         # the runs are locked first, so a write that fenced one before commits before
         # the deletes below (each statement sees it) and one after finds no run. A run
         # locked by another transaction right now is left to the next prune.
+        finished = f"status = ANY(%s) AND created_at < %s AND {_QUIET}"
+        params = (sorted(FINISHED_STATUSES), *(cutoff,) * 4)
         async with self.write() as tx:
             rows = await tx.fetchall(
-                "SELECT id FROM executions AS e WHERE status = ANY(%s) "
-                f"AND created_at < %s AND {_QUIET} FOR UPDATE SKIP LOCKED",
-                (sorted(FINISHED_STATUSES), *(cutoff,) * 4),
+                f"SELECT id FROM executions AS e WHERE {finished} FOR UPDATE SKIP LOCKED", params
             )
+            if rows:
+                rows = await _still(tx, finished, rows, params)
             if not rows:
                 return 0
             ids = [row[0] for row in rows]
@@ -333,7 +358,8 @@ class PostgresStore(PostgresSessions):
         connection, client_id = target
         key = escape(execution_id)
         rows = await self.write_one(
-            "UPDATE steps SET attempts = attempts + 1, updated_at = %s, "
+            "UPDATE steps SET attempts = attempts + 1, "
+            "updated_at = CASE WHEN state = 'pending' THEN %s ELSE updated_at END, "
             "target_connection = %s, target_client_id = %s "
             f"WHERE execution_id = %s AND seq = %s AND {_FENCE} RETURNING attempts",
             (now, connection, maybe_escape(client_id), key, seq, key, held),

@@ -286,9 +286,9 @@ STEP_COLUMNS = (
 def quiet_since(dialect: Dialect) -> str:
     """The condition that run ``e`` made no progress since a cutoff; parameters: it, 3 times.
 
-    A run's progress is its own row's last change (its start, status, lease) and
-    its steps' (each recorded at its ``created_at``, each settled at its
-    ``updated_at``; a delivery attempt of a pending one is not progress). A step's
+    A run's progress is its own row's last change (its start, its status) and its
+    steps' (each recorded at its ``created_at``, each settled at its ``updated_at``;
+    a delivery attempt is not progress, and leaves a settled step's time alone). A step's
     write does not change its run's row: that write, at every step, cost more of
     PostgreSQL's CPU than this read of the run's steps at expiry and pruning.
     """

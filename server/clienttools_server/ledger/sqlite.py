@@ -580,7 +580,8 @@ class SqliteStore(_SqliteSessions):
     ) -> int | None:  # fmt: skip
         with self._write() as db:
             row = db.execute(
-                "UPDATE steps SET attempts = attempts + 1, updated_at = ?, "
+                "UPDATE steps SET attempts = attempts + 1, "
+                "updated_at = CASE WHEN state = 'pending' THEN ? ELSE updated_at END, "
                 "target_connection = ?, target_client_id = ? "
                 f"WHERE execution_id = ? AND seq = ? AND {_FENCE} RETURNING attempts",
                 (now, *target, execution_id, seq, execution_id, held),
