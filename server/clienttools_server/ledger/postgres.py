@@ -54,6 +54,7 @@ from .schema import (
     STEP_COLUMNS,
     fence,
     quiet_since,
+    waiting_quiet_since,
     where,
 )
 
@@ -71,11 +72,7 @@ __all__ = [
 _FENCE = fence("postgres")
 _STEP_OF_RUN = ", ".join(f"s.{column.strip()}" for column in STEP_COLUMNS.split(","))
 _QUIET = quiet_since("postgres")
-# A run that waits (for a page, an approval) with no progress since a cutoff (4 times).
-_IDLE = (
-    f"created_at < %s AND {_QUIET} AND (status = 'paused' OR (status = 'running' AND "
-    "EXISTS (SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
-)
+_IDLE = waiting_quiet_since("postgres")
 # Each write below is one statement, so one round trip and atomic by itself. A step
 # recorded or settled is its run's progress by its own timestamps (quiet_since): the
 # run's row is not written. An unknown execution inserts nothing, rather than raising

@@ -300,6 +300,16 @@ def quiet_since(dialect: Dialect) -> str:
     )
 
 
+def waiting_quiet_since(dialect: Dialect) -> str:
+    """The condition that run ``e`` waits (for a page, an approval) with no progress
+    since a cutoff: expiry's; parameters: the cutoff, 4 times."""
+    return (
+        f"e.created_at < {_PLACEHOLDER[dialect]} AND {quiet_since(dialect)} AND ("
+        "e.status = 'paused' OR (e.status = 'running' AND EXISTS ("
+        "SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
+    )
+
+
 def fence(dialect: Dialect) -> str:
     """The condition every write for an execution carries; parameters: its id, the generation held.
 

@@ -57,6 +57,7 @@ from .schema import (
     prune_session_tools,
     quiet_since,
     trim_session_tools,
+    waiting_quiet_since,
     where,
 )
 from .schema import to_apply as migrations_to_apply
@@ -70,6 +71,7 @@ _INSERT_STEP = (
     f"WHERE {_FENCE} ON CONFLICT (execution_id, seq) DO NOTHING"
 )
 _QUIET = quiet_since("sqlite")
+_IDLE = waiting_quiet_since("sqlite")
 _SETTLE_SQL = {
     field: (
         f"UPDATE steps SET state = ?, {field}_json = ?, updated_at = ? "
@@ -498,10 +500,7 @@ class SqliteStore(_SqliteSessions):
 
     async def idle_executions(self, tx: sqlite3.Connection, cutoff: float) -> list[str]:
         rows = tx.execute(
-            f"SELECT id FROM executions AS e WHERE created_at < ? AND {_QUIET} AND ("
-            " status = 'paused' OR (status = 'running' AND EXISTS ("
-            "  SELECT 1 FROM steps WHERE execution_id = e.id AND state = 'pending')))"
-            " ORDER BY created_at, id",
+            f"SELECT id FROM executions AS e WHERE {_IDLE} ORDER BY created_at, id",
             (cutoff,) * 4,
         ).fetchall()
         return [str(row[0]) for row in rows]
