@@ -42,9 +42,8 @@ from clienttools_server.ledger import (
     check_replay,
 )
 from clienttools_server.ledger.postgres import SCHEMA_VERSION, PostgresLedger
-from clienttools_server.ledger.schema import MIGRATIONS, render
 from tests.server.old_ledger_schemas import old_postgres_ledger, old_sqlite_ledger
-from tests.support.postgres import PostgresServer, foreign_key_tables
+from tests.support.postgres import PostgresServer, foreign_key_tables, make_ledger_of_version
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -872,12 +871,7 @@ async def test_a_postgres_ledger_of_version_11_loses_the_keys_of_steps_and_chunk
 ) -> None:
     url = postgres.fresh_url()
     with psycopg.connect(url, autocommit=True) as raw:
-        for number in range(1, 12):
-            for statement in MIGRATIONS[number - 1]:
-                if (text := render(statement, "postgres")) is not None:
-                    raw.execute(text)
-        raw.execute("CREATE TABLE ledger_schema (version INTEGER NOT NULL)")
-        raw.execute("INSERT INTO ledger_schema (version) VALUES (11)")
+        make_ledger_of_version(raw, 11)
         assert foreign_key_tables(raw) == ["chat_messages", "chunks", "steps"]
     async with await PostgresLedger.connect(url) as ledger:
         await _tool_step(ledger)

@@ -26,6 +26,7 @@ import pytest
 from clienttools.client import ToolClient
 from clienttools.native import NativeConnector
 from clienttools_server.app import running_server
+from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.config import ServerConfig
 from clienttools_server.ledger.postgres import PostgresLedger
 from tests.reliability.harness import ChatPeer, prompt_for, transcript_of
@@ -115,13 +116,11 @@ def first_request(prompt: str) -> tuple[str, int]:
 
 
 async def published(url: str, chat_id: str, count: int) -> bool:
-    """Whether the chunks table holds `count` rows for the chat's execution."""
+    """Whether the chunks table holds `count` chunks for the chat's execution (its end one)."""
     async with reader(url) as ledger:
         execution = await run_of(ledger, chat_id)
-        [(rows,)] = await ledger.statement(
-            "SELECT count(*) FROM chunks WHERE execution_id = %s", (execution.id,)
-        )
-    return int(rows) == count
+        _, chunks = await ChunkStore(ledger).read(execution.id, -1)
+    return len(chunks) == count
 
 
 async def test_a_response_started_on_one_process_is_resumed_on_another_and_goes_on_live(

@@ -9,7 +9,7 @@ import pytest
 from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger, UnknownExecution
 from clienttools_server.ledger.postgres import PostgresLedger
-from tests.support.postgres import PostgresServer, foreign_key_tables
+from tests.support.postgres import PostgresServer, foreign_key_tables, make_ledger_of_version
 
 T0 = 1_700_000_000.0
 
@@ -48,12 +48,18 @@ async def test_chunks_are_written_once_and_read_after_a_sequence(postgres: Postg
     async with await PostgresLedger.connect(postgres.fresh_url()) as ledger:
         store = ChunkStore(ledger)
         execution = await ledger.start_execution("s", "{}", T0, chat_id="c")
-        assert await store.append(execution.id, [(0, '{"type":"start"}'), (1, "{}")], []) == 2
-        # A batch written again (its first write's answer was lost) adds only what is new.
-        assert await store.append(execution.id, [(1, "{}"), (2, None)], []) == 1
-        head, rows = await store.read(execution.id, 0)
-        assert rows == [(1, "{}"), (2, None)]
+        assert await store.append(execution.id, [(0, '{"type":"start"}'), (1, "{}")], []) == 1
+        assert await store.append(execution.id, [(0, '{"type":"start"}'), (1, "{}")], []) == 0
+        # A write tried again (its first answer was lost), with what came meanwhile: a
+        # row of its own over the same first chunks, each of which is read once.
+        assert await store.append(execution.id, [(1, "{}"), (2, '{"n":2}'), (3, None)], []) == 2
+        head, chunks = await store.read(execution.id, 0)
+        assert chunks == [(1, {}), (2, {"n": 2}), (3, None)]
+        assert (await store.read(execution.id, -1))[1][0] == (0, {"type": "start"})
+        assert (await store.read(execution.id, 2))[1] == [(3, None)]
         assert head is not None and (head.status, head.owner) == ("running", ledger.owner)
+        [(rows,)] = await ledger.statement("SELECT count(*) FROM chunks", ())
+        assert rows == 3  # a row a write, and the end's
         latest = await store.latest("s", "c")
         assert latest is not None and latest.execution_id == execution.id
         assert await store.latest("s", "nope") is None
@@ -72,7 +78,7 @@ async def test_a_process_that_lost_the_run_writes_no_chunk(postgres: PostgresSer
         with pytest.raises(LeaseLost):
             await ChunkStore(stale).append(execution.id, [(1, '{"stale":true}')], [])
         assert await ChunkStore(new).append(execution.id, [(1, "{}")], []) == 1
-        assert (await ChunkStore(new).read(taken.id, -1))[1] == [(0, "{}"), (1, "{}")]
+        assert (await ChunkStore(new).read(taken.id, -1))[1] == [(0, {}), (1, {})]
 
 
 async def test_the_chunks_of_a_response_go_once_it_ended_longer_than_the_grace_ago(
@@ -82,11 +88,11 @@ async def test_the_chunks_of_a_response_go_once_it_ended_longer_than_the_grace_a
         store = ChunkStore(ledger)
         ended = await ledger.start_execution("s", "{}", T0, chat_id="ended")
         going = await ledger.start_execution("s", "{}", T0, chat_id="going")
-        for execution in (ended, going):
-            await store.append(execution.id, [(0, "{}"), (1, "{}")], [])
+        await store.append(ended.id, [(0, "{}"), (1, "{}"), (2, None)], [])
+        await store.append(going.id, [(0, "{}"), (1, "{}")], [])
         await ledger.set_status(ended.id, "completed", T0 + 10)
         assert await store.prune(T0 + 10) == 0  # ended just now: a page may still resume it
-        assert await store.prune(T0 + 11) == 2
+        assert await store.prune(T0 + 11) == 2  # its chunks' row and its end's
         assert (await store.read(ended.id, -1))[1] == []
         assert len((await store.read(going.id, -1))[1]) == 2  # still streaming: kept, however old
 
@@ -127,3 +133,27 @@ async def test_no_step_or_chunk_is_written_for_a_run_that_is_not_there(
             for table in ("steps", "chunks"):
                 assert raw.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
             assert foreign_key_tables(raw) == ["chat_messages"]  # a chat's messages keep theirs
+
+
+async def test_the_chunks_of_a_postgres_ledger_of_version_12_are_read_after_the_upgrade(
+    postgres: PostgresServer,
+) -> None:
+    # Version 12 wrote a row a chunk; from 13 a row is a write's chunks (shared_streams.pack).
+    url = postgres.fresh_url()
+    with psycopg.connect(url, autocommit=True) as raw:
+        make_ledger_of_version(raw, 12)
+        raw.execute(
+            "INSERT INTO executions (id, session, status, request_json, created_at, updated_at, "
+            "chat_id) VALUES ('e', 's', 'running', '{}', %s, %s, 'c')",
+            (T0, T0),
+        )
+        raw.execute(
+            "INSERT INTO chunks (execution_id, seq, chunk_json) VALUES "
+            """('e', 0, '{"type":"start"}'), ('e', 1, '{"n":1}')"""
+        )
+    async with await PostgresLedger.connect(url) as ledger:
+        store = ChunkStore(ledger)
+        assert (await store.read("e", -1))[1] == [(0, {"type": "start"}), (1, {"n": 1})]
+        await ledger.take_over(T0)  # a run of a process gone: this one writes on
+        assert await store.append("e", [(2, '{"n":2}'), (3, None)], []) == 2
+        assert (await store.read("e", 0))[1] == [(1, {"n": 1}), (2, {"n": 2}), (3, None)]

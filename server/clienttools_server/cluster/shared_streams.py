@@ -3,9 +3,10 @@
 A response streams from the process that owns its run, from its
 :class:`~clienttools_server.agent.chunk_log.ChunkLog` in memory, as on one process.
 With a shared ledger (PostgreSQL, docs/scaling.md) that owner also writes the
-log's chunks to the ``chunks`` table (execution id, seq, chunk JSON; one row
-with no JSON after the last chunk: the response ended), so that any other
-process can serve a page's ``resume``:
+log's chunks to the ``chunks`` table (execution id, seq, JSON; a batch of chunks
+is one row, and one row with no JSON after the last chunk says the response
+ended: :class:`ChunkStore`), so that any other process can serve a page's
+``resume``:
 
 - **The owner** (:class:`Publisher`) writes the chunks in batches: one
   ``INSERT`` a little after a chunk (``FLUSH_DELAY`` while another process
@@ -146,8 +147,53 @@ class Head:
         return self.status in FINISHED_STATUSES
 
 
-# One row of the chunks table: (seq, chunk JSON, or None for the end).
+# One chunk of a log to write: (seq, its JSON, or None for the end); and a row of the
+# chunks table, of the same shape (below).
 Row = tuple[int, str | None]
+# One chunk of a log as read: (seq, the chunk, or None for the end).
+Entry = tuple[int, Chunk | None]
+
+
+def pack(rows: Sequence[Row]) -> list[Row]:
+    """The table's rows for one write of consecutive chunks: one row for them all.
+
+    Its seq is the last chunk's, its JSON ``{"from": first seq, "chunks": [...]}``;
+    the end is a row of its own. A write costs a row whatever its chunks: a
+    chat's twenty-odd chunks are a few rows, not twenty-odd index entries.
+
+        >>> pack([(3, '{"type":"a"}'), (4, '{"type":"b"}'), (5, None)])
+        [(4, '{"from":3,"chunks":[{"type":"a"},{"type":"b"}]}'), (5, None)]
+    """
+    chunks = [(seq, text) for seq, text in rows if text is not None]
+    packed: list[Row] = []
+    if chunks:
+        body = ",".join(text for _, text in chunks)
+        packed.append((chunks[-1][0], f'{{"from":{chunks[0][0]},"chunks":[{body}]}}'))
+    return packed + [(seq, None) for seq, text in rows if text is None]
+
+
+def unpack(rows: Sequence[Row], after: int) -> list[Entry]:
+    """The chunks after seq ``after`` in rows read by seq, each once.
+
+    A write retried after its answer was lost (it may have committed) carries the
+    chunks that came meanwhile too, so it is a row of its own over the same first
+    chunks: what was read already is skipped. A gap is left for the reader to see.
+
+        >>> unpack([(1, '{"from":0,"chunks":[{},{}]}'), (2, '{"from":0,"chunks":[{},{},{}]}')], 0)
+        [(1, {}), (2, {})]
+    """
+    entries: list[Entry] = []
+    last = after
+    for seq, text in rows:
+        found: list[Entry] = [(seq, None)]
+        if text is not None:
+            batch = json.loads(text)
+            found = [(batch["from"] + i, chunk) for i, chunk in enumerate(batch["chunks"])]
+        for entry in found:
+            if entry[0] > last:
+                entries.append(entry)
+                last = entry[0]
+    return entries
 
 
 class ChunkStore:
@@ -157,16 +203,17 @@ class ChunkStore:
         self.ledger = ledger
 
     async def append(self, execution_id: str, rows: Sequence[Row], notify: Sequence[str]) -> int:
-        """Write rows (those already there are skipped) and notify ``notify`` (process ids).
+        """Write consecutive chunks (:func:`pack`) and notify ``notify`` (process ids).
 
-        Returns how many rows were new. LeaseLost if another process took the run over.
+        Returns how many of the table's rows were new: none for a write that is
+        there already. LeaseLost if another process took the run over.
         """
-        return await self.ledger.append_chunks(execution_id, rows, CHUNKS, notify)
+        return await self.ledger.append_chunks(execution_id, pack(rows), CHUNKS, notify)
 
-    async def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Row]]:
-        """The execution's head and its rows after seq ``after`` (None: no such execution)."""
+    async def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Entry]]:
+        """The execution's head and its chunks after seq ``after`` (None: no such execution)."""
         head, rows = await self.ledger.read_chunks(execution_id, after)
-        return (None if head is None else Head(execution_id, *head)), rows
+        return (None if head is None else Head(execution_id, *head)), unpack(rows, after)
 
     async def latest(self, session: str, chat_id: str) -> Head | None:
         """The newest execution of a session's chat."""
@@ -280,14 +327,14 @@ class Follower:
         head, rows = await self.streams.store.read(self.execution_id, self.next_seq - 1)
         if self.log.finished:
             return
-        for seq, text in rows:
+        for seq, chunk in rows:
             if seq != self.next_seq:
                 break  # not written yet (cannot happen: the owner writes them in order)
-            if text is None:
+            if chunk is None:
                 self._end()
                 return
             self.next_seq += 1
-            self.log.append(json.loads(text))
+            self.log.append(chunk)
         if head is None:
             self._end()  # pruned with its execution
             return
@@ -360,12 +407,12 @@ class SharedStreams:
         """The chunks published for a run so far, and whether its response ended."""
         _, rows = await self.store.read(execution_id, -1)
         chunks: list[Chunk] = []
-        for seq, text in rows:
+        for seq, chunk in rows:
             if seq != len(chunks):
                 break
-            if text is None:
+            if chunk is None:
                 return chunks, True
-            chunks.append(json.loads(text))
+            chunks.append(chunk)
         return chunks, False
 
     async def publish(

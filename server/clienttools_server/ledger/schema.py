@@ -24,7 +24,7 @@ from typing import Literal
 
 Dialect = Literal["sqlite", "postgres"]
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # Per dialect: ids and sessions sort by byte (COLLATE "C" on PostgreSQL; SQLite's
 # default BINARY collation is that already), whatever the database's locale.
@@ -226,6 +226,14 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
             "sqlite": None,
             "postgres": "ALTER TABLE chunks DROP CONSTRAINT IF EXISTS chunks_execution_id_fkey",
         },
+    ),
+    # 13: a write of a response's chunks is one row (cluster/shared_streams.py, pack):
+    # each row has the seq of its last chunk and {"from": first seq, "chunks": [...]}.
+    # The rows of before, one chunk each, become such rows of one chunk.
+    (
+        "UPDATE chunks SET chunk_json = "
+        "'{{\"from\":' || seq || ',\"chunks\":[' || chunk_json || ']}}' "
+        "WHERE chunk_json IS NOT NULL",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
