@@ -311,7 +311,7 @@ class Follower:
         self.session = session
         self.owner: str | None = None
         self.log = log
-        # The record's next row to read: the log's end, or 0 for a log that follows anew.
+        # The record's next chunk to read: the log's end, or 0 for a log that follows anew.
         self.next_seq = next_seq
         # One read at a time: two would mirror the same rows twice.
         self._reading = asyncio.Lock()

@@ -117,7 +117,8 @@ _PRUNE_CHUNKS = (
 
 # Where an execution stands, for the chunk log: (status, owner, updated_at).
 ChunkHead = tuple[str, str | None, float]
-# One row of the chunk log: (seq, chunk JSON, or None for the end).
+# One row of the chunk log: (seq, a batch of chunks as JSON, or None for the end;
+# cluster/shared_streams.py packs and unpacks them).
 ChunkRow = tuple[int, str | None]
 
 
@@ -499,7 +500,7 @@ class PostgresLedger(LedgerCore[Transaction]):
     async def read_chunks(
         self, execution_id: str, after: int
     ) -> tuple[ChunkHead | None, list[ChunkRow]]:
-        """Where the execution stands and its chunks after seq ``after`` (None: no execution)."""
+        """Where the execution stands and its rows of seq > ``after`` (None: no execution)."""
         found = await self._pg.read(_READ_CHUNKS, (after, escape(execution_id)))
         if not found:
             return None, []
