@@ -3,7 +3,9 @@
 SQLite files went up to ``PRAGMA user_version`` 5 and PostgreSQL databases to
 version 7, each with its own numbering. A migration test makes a database at
 one of those versions with these statements, as the old code did, writes rows
-into it, and opens it with today's ledger.
+into it, and opens it with today's ledger. A PostgreSQL database at a version of
+the one numbering is made with that numbering's own migrations
+(:func:`postgres_ledger_of_version`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sqlite3
 from pathlib import Path
 
 import psycopg
+
+from clienttools_server.ledger.schema import MIGRATIONS, render
 
 # SQLite: a new file got _SCHEMA and the chat tables at once (version 5); a file
 # at version N had _SCHEMA_V1 and then _MIGRATIONS[0 : N - 1].
@@ -291,9 +295,18 @@ def old_sqlite_ledger(path: Path, version: int) -> sqlite3.Connection:
 
 def old_postgres_ledger(url: str, version: int) -> None:
     """A PostgreSQL database at ``version`` (1 to 7) as the old code made it."""
+    _postgres_at(url, version, [s for m in POSTGRES_MIGRATIONS[:version] for s in m])
+
+
+def postgres_ledger_of_version(url: str, version: int) -> None:
+    """A PostgreSQL database at ``version`` of the one numbering, as that code made it."""
+    rendered = (render(s, "postgres") for m in MIGRATIONS[:version] for s in m)
+    _postgres_at(url, version, [text for text in rendered if text is not None])
+
+
+def _postgres_at(url: str, version: int, statements: list[str]) -> None:
     with psycopg.connect(url, autocommit=True) as raw:
-        for statements in POSTGRES_MIGRATIONS[:version]:
-            for statement in statements:
-                raw.execute(statement)
+        for statement in statements:
+            raw.execute(statement)
         raw.execute("CREATE TABLE ledger_schema (version INTEGER NOT NULL)")
         raw.execute("INSERT INTO ledger_schema (version) VALUES (%s)", (version,))

@@ -42,8 +42,12 @@ from clienttools_server.ledger import (
     check_replay,
 )
 from clienttools_server.ledger.postgres import SCHEMA_VERSION, PostgresLedger
-from tests.server.old_ledger_schemas import old_postgres_ledger, old_sqlite_ledger
-from tests.support.postgres import PostgresServer, foreign_key_tables, make_ledger_of_version
+from tests.server.old_ledger_schemas import (
+    old_postgres_ledger,
+    old_sqlite_ledger,
+    postgres_ledger_of_version,
+)
+from tests.support.postgres import PostgresServer, foreign_key_tables
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -870,8 +874,8 @@ async def test_a_postgres_ledger_of_version_11_loses_the_keys_of_steps_and_chunk
     postgres: PostgresServer,
 ) -> None:
     url = postgres.fresh_url()
-    with psycopg.connect(url, autocommit=True) as raw:
-        make_ledger_of_version(raw, 11)
+    postgres_ledger_of_version(url, 11)
+    with psycopg.connect(url) as raw:
         assert foreign_key_tables(raw) == ["chat_messages", "chunks", "steps"]
     async with await PostgresLedger.connect(url) as ledger:
         await _tool_step(ledger)

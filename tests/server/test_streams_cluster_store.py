@@ -9,7 +9,8 @@ import pytest
 from clienttools_server.cluster.shared_streams import ChunkStore
 from clienttools_server.ledger import ChatBusy, LeaseLost, SqliteLedger, UnknownExecution
 from clienttools_server.ledger.postgres import PostgresLedger
-from tests.support.postgres import PostgresServer, foreign_key_tables, make_ledger_of_version
+from tests.server.old_ledger_schemas import postgres_ledger_of_version
+from tests.support.postgres import PostgresServer, foreign_key_tables
 
 T0 = 1_700_000_000.0
 
@@ -140,8 +141,8 @@ async def test_the_chunks_of_a_postgres_ledger_of_version_12_are_read_after_the_
 ) -> None:
     # Version 12 wrote a row a chunk; from 13 a row is a write's chunks (shared_streams.pack).
     url = postgres.fresh_url()
+    postgres_ledger_of_version(url, 12)
     with psycopg.connect(url, autocommit=True) as raw:
-        make_ledger_of_version(raw, 12)
         raw.execute(
             "INSERT INTO executions (id, session, status, request_json, created_at, updated_at, "
             "chat_id) VALUES ('e', 's', 'running', '{}', %s, %s, 'c')",

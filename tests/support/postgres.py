@@ -26,8 +26,6 @@ from typing import Any
 
 import psycopg
 
-from clienttools_server.ledger.schema import MIGRATIONS, render
-
 PORT = 5432
 # Used when no "postgres" user exists (Debian's package creates that one).
 FALLBACK_USER = "clienttools-pg"
@@ -160,13 +158,3 @@ def foreign_key_tables(connection: psycopg.Connection[Any]) -> list[str]:
         "ORDER BY c.relname"
     ).fetchall()
     return [str(row[0]) for row in rows]
-
-
-def make_ledger_of_version(connection: psycopg.Connection[Any], version: int) -> None:
-    """Make the connection's empty schema a ledger at ``version``, as that code left it."""
-    for migration in MIGRATIONS[:version]:
-        for statement in migration:
-            if (text := render(statement, "postgres")) is not None:
-                connection.execute(text)
-    connection.execute("CREATE TABLE ledger_schema (version INTEGER NOT NULL)")
-    connection.execute("INSERT INTO ledger_schema (version) VALUES (%s)", (version,))

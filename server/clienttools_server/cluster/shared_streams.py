@@ -147,14 +147,15 @@ class Head:
         return self.status in FINISHED_STATUSES
 
 
-# One chunk of a log to write: (seq, its JSON, or None for the end); and a row of the
-# chunks table, of the same shape (below).
+# One chunk of a log to write: (seq, its JSON, or None for the end).
+Encoded = tuple[int, str | None]
+# One row of the chunks table: (seq, a batch's JSON, or None for the end; pack).
 Row = tuple[int, str | None]
 # One chunk of a log as read: (seq, the chunk, or None for the end).
 Entry = tuple[int, Chunk | None]
 
 
-def pack(rows: Sequence[Row]) -> list[Row]:
+def pack(chunks: Sequence[Encoded]) -> list[Row]:
     """The table's rows for one write of consecutive chunks: one row for them all.
 
     Its seq is the last chunk's, its JSON ``{"from": first seq, "chunks": [...]}``;
@@ -164,12 +165,12 @@ def pack(rows: Sequence[Row]) -> list[Row]:
         >>> pack([(3, '{"type":"a"}'), (4, '{"type":"b"}'), (5, None)])
         [(4, '{"from":3,"chunks":[{"type":"a"},{"type":"b"}]}'), (5, None)]
     """
-    chunks = [(seq, text) for seq, text in rows if text is not None]
+    written = [(seq, text) for seq, text in chunks if text is not None]
     packed: list[Row] = []
-    if chunks:
-        body = ",".join(text for _, text in chunks)
-        packed.append((chunks[-1][0], f'{{"from":{chunks[0][0]},"chunks":[{body}]}}'))
-    return packed + [(seq, None) for seq, text in rows if text is None]
+    if written:
+        body = ",".join(text for _, text in written)
+        packed.append((written[-1][0], f'{{"from":{written[0][0]},"chunks":[{body}]}}'))
+    return packed + [(seq, None) for seq, text in chunks if text is None]
 
 
 def unpack(rows: Sequence[Row], after: int) -> list[Entry]:
@@ -202,13 +203,15 @@ class ChunkStore:
     def __init__(self, ledger: SharedLedger) -> None:
         self.ledger = ledger
 
-    async def append(self, execution_id: str, rows: Sequence[Row], notify: Sequence[str]) -> int:
+    async def append(
+        self, execution_id: str, chunks: Sequence[Encoded], notify: Sequence[str]
+    ) -> int:
         """Write consecutive chunks (:func:`pack`) and notify ``notify`` (process ids).
 
         Returns how many of the table's rows were new: none for a write that is
         there already. LeaseLost if another process took the run over.
         """
-        return await self.ledger.append_chunks(execution_id, pack(rows), CHUNKS, notify)
+        return await self.ledger.append_chunks(execution_id, pack(chunks), CHUNKS, notify)
 
     async def read(self, execution_id: str, after: int) -> tuple[Head | None, list[Entry]]:
         """The execution's head and its chunks after seq ``after`` (None: no such execution)."""
@@ -231,7 +234,7 @@ class Publisher:
     def __init__(self, streams: SharedStreams, execution_id: str, log: ChunkLog) -> None:
         self.streams = streams
         self.execution_id = execution_id
-        self.pending: list[Row] = []
+        self.pending: list[Encoded] = []
         # The processes that follow the response (they told us so).
         self.followers: set[str] = set()
         self.done = False
