@@ -477,3 +477,60 @@ async def test_an_approval_answered_on_another_process_lets_the_call_run(
     assert response.text == "guarded -> 7"
     assert len(page.invokes) == 1
     assert "no approval is pending" in error["message"]
+
+
+async def test_the_pages_process_checks_the_output_schema_the_call_was_made_with(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The relayed call's outputSchema, as its step was recorded on the run's process:
+    an output that breaks it is refused on the page's process, one that fits applied."""
+    url = postgres.fresh_url()
+    shaped = {
+        **WORK_SPEC,
+        "outputSchema": {
+            "type": "object",
+            "properties": {"sq": {"type": "integer"}},
+            "required": ["sq"],
+        },
+    }
+    async with processes(url, tmp_path, "a", "b") as (a, b):
+        page = await FakeBrowser.connect(b.ws_url("os"), ChunkCollector())
+        await page.register([shaped])
+        chat = await ChatPeer.open(a.ws_url("os"))
+        request_id = await chat.browser.start_chat(prompt_for("os", [3, 4]), "os")
+        first = await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        second = await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        await page.send_result(first["requestId"], output={"n": 3, "sq": "nine"})
+        await page.send_result(second["requestId"], output={"n": 4, "sq": 16})
+        refused = await page.ack_for(first["requestId"], timeout=10.0)
+        applied = await page.ack_for(second["requestId"], timeout=10.0)
+        response = await chat.response(request_id, timeout=30.0)
+        await page.close()
+        await chat.close()
+    assert (refused["outcome"], applied["outcome"]) == ("invalid", "applied")
+    assert "outputSchema" in refused["message"]
+    [error] = response.of_type("tool-output-error")
+    assert error["errorText"].startswith("invalid_output")
+    assert [c["output"] for c in response.of_type("tool-output-available")] == [{"n": 4, "sq": 16}]
+
+
+async def test_a_call_too_large_for_a_notification_goes_by_its_ids(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """An input and an output larger than a notification carries: the page's process
+    reads the step, the run's process reads the result, and the call completes."""
+    url = postgres.fresh_url()
+    tag = "t" * 9_000
+    async with processes(url, tmp_path, "a", "b") as (a, b):
+        page = await fake_page(b.ws_url("big"))
+        chat = await ChatPeer.open(a.ws_url("big"))
+        request_id = await chat.browser.start_chat(prompt_for(tag, [6]), "big")
+        invoke = await page.expect("cf_agent_client_tool_invoke", timeout=20.0)
+        output = {"n": 6, "sq": 36, "echo": invoke["input"]["tag"] * 2}
+        await page.send_result(invoke["requestId"], output=output)
+        assert (await page.ack_for(invoke["requestId"], timeout=10.0))["outcome"] == "applied"
+        response = await chat.response(request_id, timeout=30.0)
+        await page.close()
+        await chat.close()
+    assert invoke["input"] == {"n": 6, "tag": tag}
+    assert [c["output"] for c in response.of_type("tool-output-available")] == [output]

@@ -41,7 +41,7 @@ from clienttools.protocol import (
 
 from ..agent.journal import RequestedCall, recorded_spec
 from ..clock import SYSTEM_CLOCK, Clock, Timer
-from ..cluster.relay import CallRelay, is_open
+from ..cluster.relay import CallRelay, is_open, send_invoke
 from ..config import ServerConfig
 from ..ledger import (
     LeaseLost,
@@ -162,7 +162,7 @@ class CallProxy:
         orphaned = step.attempts > 0 and recorded_to is None
         entry = PendingCall(
             step.request_id, step.execution_id, step.seq, session, call,
-            asyncio.get_running_loop().create_future(),
+            asyncio.get_running_loop().create_future(), step,
             state=DeliveryState.ORPHANED if orphaned else DeliveryState.WAITING,
         )  # fmt: skip
         self.pending[entry.request_id] = entry
@@ -188,7 +188,9 @@ class CallProxy:
             spec = await self.find_spec(entry.session, entry.call.tool_name)
         if spec is None:
             return
-        await self.ledger.record_spec(entry.execution_id, entry.seq, recorded_spec(spec))
+        recorded = await self.ledger.record_spec(entry.execution_id, entry.seq, recorded_spec(spec))
+        if recorded is not None:
+            entry.step = recorded
         entry.output_schema = spec.output_schema
         entry.spec_recorded = True
 
@@ -317,7 +319,7 @@ class CallProxy:
         if entry.settled or entry.deliveries != delivery:
             return
         if peer.is_open:
-            peer.send(frame)
+            send_invoke(peer, frame, entry.step)
         elif entry.target is peer:
             # It closed while the step was committed (its close skipped the call).
             self.background.call(self.target_gone, entry)

@@ -290,7 +290,7 @@ class Results:
             return ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
         applied = await self.apply(step, settlement_of(frame), by_page=True)
         if execution.owner is not None:
-            await self.proxy.relay.tell_owner(execution.owner, step, "page")
+            await self.proxy.relay.tell_owner(execution.owner, applied.step or step, "page")
         return page_ack(frame.request_id, applied)
 
     async def _from_recorded_target(self, step: Step, peer: Peer) -> bool:

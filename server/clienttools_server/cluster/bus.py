@@ -1,11 +1,12 @@
-"""The bus between server processes on one PostgreSQL ledger: LISTEN/NOTIFY, ids only.
+"""The bus between server processes on one PostgreSQL ledger: LISTEN/NOTIFY.
 
 A process tells another one (or all of them) that something changed in the
-ledger with ``await PostgresLedger.notify``:
-a *kind* and a few ids. The rows carry the data, so no payload limit matters,
-and a notification sent inside ``ledger.batch()`` is part of its transaction:
-PostgreSQL delivers it only after the commit, so the receiver always finds
-the rows it names.
+ledger with ``await PostgresLedger.notify``: a *kind* and a few ids. The rows
+carry the data; a notification may carry a copy of what fits (the routing's
+``invoke`` and ``settled``: ``cluster.routing.fits``), and goes by its ids when
+it does not. A notification sent inside ``ledger.batch()`` is part of its
+transaction: PostgreSQL delivers it only after the commit, so the receiver
+always finds the rows it names.
 
 :class:`Bus` is the receiving end: a connection of its own, outside the
 ledger's pool (a listening connection waits in ``notifies()`` and cannot run

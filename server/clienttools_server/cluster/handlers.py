@@ -1,10 +1,11 @@
 """What this process does when another one tells it something over the bus.
 
 Each notification (:mod:`clienttools_server.cluster.routing` names them)
-carries ids only; its handler reads the rest from the ledger. As the pages'
-process: run a relayed invoke or cancel on one of its connections. As the
-run's process: wake the run whose call was settled, progressed or lost
-elsewhere. After the bus was away, both sides resync from the rows.
+carries ids, and an ``invoke`` or a ``settled`` what fits of the rows they name;
+a handler reads the rest from the ledger. As the pages' process: run a relayed
+invoke or cancel on one of its connections. As the run's process: wake the run
+whose call was settled, progressed or lost elsewhere. After the bus was away,
+both sides resync from the rows.
 
     BusHandlers(ledger, pages, proxy, approvals).listen(bus)
 """
@@ -12,6 +13,7 @@ elsewhere. After the bus was away, both sides resync from the rows.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from clienttools.protocol import CancelReason, InvokeFrame
@@ -20,7 +22,17 @@ from ..calls.approvals import Approvals
 from ..calls.pages import Pages
 from ..calls.proxy import CallProxy
 from ..ledger import Ledger
-from .routing import CANCEL, EXPIRED, GONE, INVOKE, PROGRESS, REGISTERED, SETTLED, UNREGISTERED
+from .routing import (
+    CANCEL,
+    EXPIRED,
+    GONE,
+    INVOKE,
+    PROGRESS,
+    REGISTERED,
+    SETTLED,
+    UNREGISTERED,
+    step_of_json,
+)
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -49,7 +61,7 @@ class BusHandlers:
         bus.on_reconnect(self._on_reconnect)
 
     async def _on_invoke(self, sender: str, args: tuple[str, ...]) -> None:
-        connection_id, request_id, tool_call_id, timeout_ms, attempt = args
+        connection_id, request_id, tool_call_id, timeout_ms, attempt, *carried = args
         connections = self.pages.connections
         client = connections.get(connection_id)
         if client is None or not client.is_open:
@@ -58,7 +70,17 @@ class BusHandlers:
             await self.ledger.unregister(connection_id)
             await self.ledger.notify(sender, GONE, request_id, connection_id)
             return
-        step = await self.ledger.step_by_request_id(request_id)
+        step = step_of_json(carried[0]) if carried else None
+        if step is not None:
+            # As the run's process recorded it; the attempt is this invoke's.
+            step = replace(
+                step,
+                attempts=int(attempt),
+                target_connection=connection_id,
+                target_client_id=client.client_id,
+            )
+        else:
+            step = await self.ledger.step_by_request_id(request_id)
         if connections.get(connection_id) is not client or not client.is_open:
             # It closed while the step was read, and its close told nobody of this call.
             await self.ledger.notify(sender, GONE, request_id, connection_id)
@@ -89,12 +111,15 @@ class BusHandlers:
         )
 
     async def _on_settled(self, sender: str, args: tuple[str, ...]) -> None:
-        request_id, execution_id, seq, how = args
+        request_id, execution_id, seq, how, *carried = args
         if how == "outside" and request_id:
             self.proxy.results.remember_superseded(request_id)
         if sender == self.ledger.owner:
             return  # settled here: woken already
-        if not await self.proxy.relay.settled_elsewhere(request_id, execution_id, int(seq), how):
+        outcome = (carried[0], carried[1]) if len(carried) == 2 else None
+        if not await self.proxy.relay.settled_elsewhere(
+            request_id, execution_id, int(seq), how, outcome
+        ):
             self.approvals.wake(execution_id, int(seq))  # an approval answered elsewhere
 
     async def _on_progress(self, sender: str, args: tuple[str, ...]) -> None:

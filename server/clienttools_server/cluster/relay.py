@@ -20,8 +20,8 @@ Two sides of one call whose run and page are on different processes:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, cast
 
 from clienttools.protocol import (
     CancelFrame,
@@ -34,13 +34,16 @@ from clienttools.protocol import (
 
 from ..calls.delivery import DeliveryEvent, Peer, SettledBy
 from ..calls.settlement import ack, page_ack, settlement_of
-from ..ledger import Ledger, LedgerUnavailable, Step
-from .routing import RemotePeer
+from ..ledger import Ledger, LedgerUnavailable, Step, StepState
+from .routing import SETTLED, RemotePeer, fits
 
 if TYPE_CHECKING:
     from ..calls.proxy import CallProxy
 
 logger = logging.getLogger(__name__)
+
+# The states a ``settled`` notification's outcome may name.
+SETTLED_STATES: frozenset[str] = frozenset({"applied", "error", "expired"})
 
 
 @dataclass(eq=False, slots=True)
@@ -56,7 +59,8 @@ class Relay:
     owner: str
     peer: Peer
     client_id: str | None
-    # The step as read for the invoke; the ledger's settle decides, not its state.
+    # The step as the invoke carried it, or as read; the ledger's settle decides,
+    # not its state.
     step: Step
     last_progress: float | None = None
 
@@ -71,6 +75,20 @@ async def is_open(peer: Peer) -> bool:
     return await peer.check() if isinstance(peer, RemotePeer) else peer.is_open
 
 
+def send_invoke(peer: Peer, frame: InvokeFrame, step: Step) -> None:
+    """Send an invoke to ``peer``; a connection on another process gets ``step`` with it."""
+    if isinstance(peer, RemotePeer):
+        peer.invoke(frame, step)
+    else:
+        peer.send(frame)
+
+
+def settled_outcome(step: Step) -> tuple[str, str] | None:
+    """A settled step's (state, result or error JSON), as ``settled`` carries it."""
+    value = step.result_json if step.state == "applied" else step.error_json
+    return None if step.state == "pending" or value is None else (step.state, value)
+
+
 class CallRelay:
     """The relayed invokes of this process, and its calls delivered on other processes."""
 
@@ -83,11 +101,17 @@ class CallRelay:
     # -- the pages' side: invokes relayed to connections here --------------------------
 
     async def tell_owner(self, owner: str, step: Step, how: SettledBy) -> None:
-        """Wake the run waiting for ``step`` on its process (this one has no entry for it)."""
-        if owner != self.ledger.owner and step.request_id is not None:
-            await self.ledger.notify(
-                owner, "settled", step.request_id, step.execution_id, str(step.seq), how
-            )
+        """Wake the run waiting for ``step`` on its process (this one has no entry for it).
+
+        A settled ``step`` goes with its outcome when that fits, so the owner reads nothing.
+        """
+        if owner == self.ledger.owner or step.request_id is None:
+            return
+        args: tuple[str, ...] = (step.request_id, step.execution_id, str(step.seq), how)
+        outcome = settled_outcome(step)
+        if outcome is not None and fits(*args, *outcome):
+            args = (*args, *outcome)
+        await self.ledger.notify(owner, SETTLED, *args)
 
     def invoke(self, owner: str, peer: Peer, step: Step, frame: InvokeFrame) -> None:
         """Send a run's invoke (its process is ``owner``) to ``peer``, a connection here."""
@@ -114,14 +138,14 @@ class CallRelay:
             )
         ):
             return ack(frame.request_id, "invalid", "the invoke was not sent to this connection")
-        step = relay.step
-        applied = await self.proxy.results.apply(step, settlement_of(frame), by_page=True)
+        applied = await self.proxy.results.apply(relay.step, settlement_of(frame), by_page=True)
         # Only once the ledger answered: if it could not (LedgerUnavailable), the
         # socket closes with 1013 and its close tells the owner, as for any call.
         self.relayed.pop(frame.request_id, None)
         # Whatever the ledger decided (applied, settled before, refused and settled
-        # as invalid_output), the owner reads the step: a pending one it ignores.
-        await self.tell_owner(relay.owner, step, "page")
+        # as invalid_output), the owner is told: with the settled step when the
+        # ledger answered with it, else it reads the step (a pending one it ignores).
+        await self.tell_owner(relay.owner, applied.step or relay.step, "page")
         return page_ack(frame.request_id, applied)
 
     async def progress(self, peer: Peer, frame: ToolProgressFrame) -> None:
@@ -147,15 +171,34 @@ class CallRelay:
     # -- the owner's side: calls of runs here, delivered on other processes ------------
 
     async def settled_elsewhere(
-        self, request_id: str, execution_id: str, seq: int, how: str
+        self,
+        request_id: str,
+        execution_id: str,
+        seq: int,
+        how: str,
+        outcome: tuple[str, str] | None = None,
     ) -> bool:
-        """Another process settled the step of one of our calls: wake its run. True if ours."""
+        """Another process settled the step of one of our calls: wake its run. True if ours.
+
+        ``outcome``: the settled step's state and value, when the notification carried
+        them; else the step is read.
+        """
         entry = self.proxy.pending.get(request_id)
         if entry is None or (entry.execution_id, entry.seq) != (execution_id, seq):
             return False
         if entry.settled:
             return True
-        step = await self.ledger.get_step(execution_id, seq)
+        if outcome is not None and outcome[0] in SETTLED_STATES:
+            state, value = cast("StepState", outcome[0]), outcome[1]
+            step: Step | None = replace(
+                entry.step,
+                state=state,
+                result_json=value if state == "applied" else None,
+                error_json=None if state == "applied" else value,
+                attempts=entry.attempt,
+            )
+        else:
+            step = await self.ledger.get_step(execution_id, seq)
         if entry.settled or step is None or step.state == "pending":
             return True
         if how == "outside":

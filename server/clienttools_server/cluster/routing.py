@@ -5,22 +5,30 @@ Every connection that registers tools is a row of the ledger's
 from one sequence for the whole cluster, and its tools). The session's most
 recent live registration that offers a tool gets the call: a connection of
 this process, or a :class:`RemotePeer` on another one. A remote peer looks like
-any other :class:`~clienttools_server.calls.proxy.Peer` to the proxy; its ``send``
-turns the invoke or the cancel into a notification to its process (ids only;
-the receiver reads the step row and sends the real frame to its socket). A
-send is synchronous, as a socket's is: the :class:`Outbox` sends its
-notifications in order, one after the other, from a task of its own.
+any other :class:`~clienttools_server.calls.proxy.Peer` to the proxy; its
+``invoke`` (or ``send``) turns the invoke or the cancel into a notification to
+its process, which sends the real frame to its socket. A send is synchronous,
+as a socket's is: the :class:`Outbox` sends its notifications in order, one
+after the other, from a task of its own.
+
+Notifications name rows by their ids. An ``invoke`` and a ``settled`` also carry
+what the receiver would read next (the step as the run's process recorded it; the
+settled step's state and value) when that fits in ``CARRIED_BYTES``, well under
+PostgreSQL's 8,000-byte payload: a call across processes then takes no read on
+either side. Anything larger goes by its ids, and the receiver reads the row.
 
 Notification kinds of the routing (``ledger.notify``; args are strings):
 
 - ``invoke`` to the page's process: connection, request id, tool call id,
-  timeout ms, attempt. It reads the step, sends the invoke to that connection
-  and remembers it relayed the call, for which process (a ``Relay``).
+  timeout ms, attempt, and the step (JSON) when it fits. It reads the step if
+  not carried, sends the invoke to that connection and remembers it relayed
+  the call, for which process (a ``Relay``).
 - ``cancel`` to the page's process: connection, request id, reason. It sends
   the cancel to the page.
 - ``settled`` to the run's owner (or all, for a settle from outside): request
-  id, execution id, seq, ``page`` or ``outside``. It reads the step and wakes
-  the run waiting for it.
+  id, execution id, seq, ``page`` or ``outside``, and the step's state and
+  value (its result or error JSON) when known and it fits. It takes those, or
+  reads the step, and wakes the run waiting for it.
 - ``progress`` to the run's owner: request id, progress. It restarts the
   call's idle clock.
 - ``gone`` to the run's owner: request id, connection. The invoke's
@@ -34,7 +42,7 @@ Notification kinds of the routing (``ledger.notify``; args are strings):
     peers = Peers(ledger, local_tools, now)
     for registration, tools in await peers.live(session): ...   # oldest first
     peer = peers.remote(registration)                  # a connection on another process
-    peer.send(InvokeFrame(...))                        # a notification, sent by the outbox
+    peer.invoke(InvokeFrame(...), step)                # a notification, sent by the outbox
     await peers.close()                                # sends what is queued
 """
 
@@ -45,13 +53,13 @@ import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from pydantic import ValidationError
 
 from clienttools.protocol import CancelFrame, InvokeFrame, ToolSpec, WireModel
 
-from ..ledger import Ledger, LedgerUnavailable, Registration
+from ..ledger import Ledger, LedgerUnavailable, Registration, Step
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,27 @@ INVOKE, CANCEL, SETTLED, PROGRESS, GONE, REGISTERED, UNREGISTERED, EXPIRED = (
 )  # fmt: skip
 # Expired execution ids per notification: well under PostgreSQL's 8,000-byte payload.
 EXPIRED_PER_NOTIFICATION = 100
+# The most a notification's args may take, as JSON, with what it carries besides
+# ids: the rest of PostgreSQL's 8,000 bytes is room for the sender and the kind.
+CARRIED_BYTES = 7_000
+
+
+def fits(*args: str) -> bool:
+    """Do ``args`` fit in a notification that carries more than ids?"""
+    return len(json.dumps(args, separators=(",", ":"))) <= CARRIED_BYTES
+
+
+def step_json(step: Step) -> str:
+    """A step as an ``invoke`` carries it: JSON of its fields, in order."""
+    return json.dumps(astuple(step), separators=(",", ":"))
+
+
+def step_of_json(text: str) -> Step | None:
+    """The step an ``invoke`` carried; None for one this code did not write."""
+    try:
+        return Step(*json.loads(text))
+    except (ValueError, TypeError):
+        return None
 
 
 def tools_json(tools: Mapping[str, ToolSpec]) -> str:
@@ -154,12 +183,19 @@ class RemotePeer:
     def tool_spec(self, name: str) -> ToolSpec | None:
         return self.tools.get(name)
 
+    def invoke(self, frame: InvokeFrame, step: Step | None = None) -> None:
+        """Send ``frame`` to its process, with ``step`` (as recorded) when it fits."""
+        args: tuple[str, ...] = (
+            self.connection_id, frame.request_id, frame.tool_call_id,
+            str(frame.timeout_ms or 0), str(frame.attempt),
+        )  # fmt: skip
+        if step is not None and fits(*args, carried := step_json(step)):
+            args = (*args, carried)
+        self.outbox.send(self.process_id, INVOKE, *args)
+
     def send(self, frame: WireModel) -> None:
         if isinstance(frame, InvokeFrame):
-            self.outbox.send(
-                self.process_id, INVOKE, self.connection_id, frame.request_id,
-                frame.tool_call_id, str(frame.timeout_ms or 0), str(frame.attempt),
-            )  # fmt: skip
+            self.invoke(frame)
         elif isinstance(frame, CancelFrame):
             self.outbox.send(
                 self.process_id, CANCEL, self.connection_id, frame.request_id, frame.reason

@@ -41,9 +41,11 @@ class Ledger(Protocol):
         ...
 
     async def notify(self, process_id: str | None, kind: str, *args: str) -> None:
-        """Tell process ``process_id`` (None: every process) that rows changed; ids only.
+        """Tell process ``process_id`` (None: every process) that rows changed.
 
-        Inside :meth:`batch` it is part of the transaction (delivered after the
+        ``args`` are ids, and what the receiver would read of those rows when it is
+        small (``cluster.routing.fits``); PostgreSQL refuses a payload over 8,000
+        bytes. Inside :meth:`batch` it is part of the transaction (delivered after the
         commit). A store with one process (SQLite) needs none: callers take the
         local path for this process, and asking it to reach another raises.
         """
