@@ -56,7 +56,7 @@ from tests.support.server_process import ServerProcess
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench import bounded
-from bench.ledgers import _children, _postmaster_pid, _tree_cpu
+from bench.ledgers import _children, _database_cpu, _postmaster_pid
 from bench.serverload import _cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -268,7 +268,7 @@ class Servers:
             servers.append(seconds if seconds is not None else float("nan"))
             waited += _runqueue_seconds(server.process.pid)
         postmaster = _postmaster_pid(self.postgres)
-        database = sum(_tree_cpu(postmaster).values())
+        database = _database_cpu(postmaster)
         everyone = [postmaster, *_children(postmaster)]
         database_waited = sum(_runqueue_seconds(pid) for pid in everyone)
         return Sample(servers, database, _machine_cpu_seconds(), waited, database_waited)

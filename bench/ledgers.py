@@ -61,14 +61,23 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _tree_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of a process and its children, by pid (processes that vanished omitted)."""
-    cpu: dict[int, float] = {}
-    for each in [pid, *_children(pid)]:
-        seconds = _cpu_seconds(each)
+def _database_cpu(postmaster: int) -> float:
+    """CPU seconds PostgreSQL has used so far: the postmaster's, its live children's, and
+    those of the children it reaped (stat(5)'s cutime and cstime).
+
+    The difference of two readings is what the server used between them, a backend or
+    an autovacuum worker that started or exited in the meantime included.
+    """
+    total = 0.0
+    for pid in [postmaster, *_children(postmaster)]:
+        seconds = _cpu_seconds(pid)
         if seconds is not None:
-            cpu[each] = seconds
-    return cpu
+            total += seconds
+    try:
+        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return total
+    return total + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 def _postmaster_pid(postgres: PostgresServer) -> int:
@@ -83,7 +92,7 @@ def measure(db: str, clients: int, chats: int, postgres: PostgresServer | None) 
     try:
         _wait_listening(port, server)
         cpu_before = _cpu_seconds(server.pid)
-        pg_before = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
+        pg_before = _database_cpu(_postmaster_pid(postgres)) if postgres else 0.0
         done = subprocess.run(
             [
                 sys.executable,
@@ -101,7 +110,7 @@ def measure(db: str, clients: int, chats: int, postgres: PostgresServer | None) 
             timeout=bounded.current().timeout(900),
         )
         cpu_after = _cpu_seconds(server.pid)
-        pg_after = _tree_cpu(_postmaster_pid(postgres)) if postgres else {}
+        pg_after = _database_cpu(_postmaster_pid(postgres)) if postgres else 0.0
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -111,7 +120,7 @@ def measure(db: str, clients: int, chats: int, postgres: PostgresServer | None) 
     invokes = result["invokes"]
     assert cpu_before is not None and cpu_after is not None
     result["server_cpu_per_call_ms"] = (cpu_after - cpu_before) / invokes * 1000
-    database = sum(after - pg_before.get(pid, 0.0) for pid, after in pg_after.items())
+    database = pg_after - pg_before
     result["database_cpu_per_call_ms"] = database / invokes * 1000
     return result
 
@@ -161,13 +170,12 @@ async def pool_load(
                 await ledger_chat(ledger, f"s{number}")
                 latencies.append(time.perf_counter() - started)
 
-        database = _tree_cpu(postmaster)
+        database = _database_cpu(postmaster)
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(tasks)))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        # Before the pool closes: its backends' CPU goes with them when they exit.
-        after = _tree_cpu(postmaster)
-    database_cpu = sum(seconds - database.get(pid, 0.0) for pid, seconds in after.items())
+        after = _database_cpu(postmaster)
+    database_cpu = after - database
     latencies.sort()
     return {
         "chats_per_s": chats / wall,
