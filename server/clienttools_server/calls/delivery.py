@@ -145,8 +145,8 @@ class PendingCall:
     session: str
     call: RequestedCall
     future: asyncio.Future[None]
-    # The step as recorded (pending; with its spec once recorded): what a relayed
-    # invoke carries, and what a settled notification's outcome completes.
+    # The step as recorded when the call started (with its spec once recorded): what
+    # a relayed invoke carries, and what a settled notification's outcome completes.
     step: Step
     state: DeliveryState = DeliveryState.WAITING
     # The page the invoke went to last, and its clientId (kept while it waits again).

@@ -108,14 +108,17 @@ class Results:
             problem = self._check_output(settlement.output, step, entry)
             if problem is not None:
                 code, message = problem
+                after = step
                 if by_page:
                     refused = await self._refused_by_page(
                         execution_id, seq, entry, encode_error(code, message)
                     )
                     if refused.reason == "not_pending" and refused.step is not None:
                         return self._late(refused.step, settlement, by_page=True, entry=entry)
+                    if refused.ok:
+                        after = refused.step  # settled with the error the model reads
                 reason: OutcomeReason = "too_large" if code == "output_too_large" else "invalid"
-                return Applied("invalid", reason, message, step)
+                return Applied("invalid", reason, message, after)
             try:
                 result_json = canonical_json(settlement.output)
             except ValueError as exc:
@@ -134,10 +137,15 @@ class Results:
                 return Applied("stale", "not_found", outcome.message)
             if by_page and settlement.error is None:
                 # Over the stored-size limit: the model reads why instead.
-                await self._refused_by_page(
+                refused = await self._refused_by_page(
                     execution_id, seq, entry, encode_error("output_too_large", outcome.message)
                 )
-                return Applied("invalid", outcome.reason, "the result is too large to be stored")
+                return Applied(
+                    "invalid",
+                    outcome.reason,
+                    "the result is too large to be stored",
+                    refused.step if refused.ok else None,
+                )
             return Applied("invalid", outcome.reason, outcome.message, outcome.step)
         if not by_page:
             assert step is not None  # a resolve from outside comes through apply(), read

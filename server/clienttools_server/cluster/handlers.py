@@ -13,7 +13,6 @@ both sides resync from the rows.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from clienttools.protocol import CancelReason, InvokeFrame
@@ -70,16 +69,11 @@ class BusHandlers:
             await self.ledger.unregister(connection_id)
             await self.ledger.notify(sender, GONE, request_id, connection_id)
             return
+        # The step as the run's process recorded it, unless this process knows the
+        # call was settled meanwhile (a result it applied for the run's previous
+        # owner, a resolve from outside): then the row says how.
         step = step_of_json(carried[0]) if carried else None
-        if step is not None:
-            # As the run's process recorded it; the attempt is this invoke's.
-            step = replace(
-                step,
-                attempts=int(attempt),
-                target_connection=connection_id,
-                target_client_id=client.client_id,
-            )
-        else:
+        if step is None or self.proxy.relay.settled_here(request_id):
             step = await self.ledger.step_by_request_id(request_id)
         if connections.get(connection_id) is not client or not client.is_open:
             # It closed while the step was read, and its close told nobody of this call.
@@ -90,9 +84,7 @@ class BusHandlers:
         if step.state != "pending":
             # Settled meanwhile (the page's result reached us for the run's previous
             # owner, say): nothing to run, but the run must wake.
-            await self.ledger.notify(
-                sender, SETTLED, request_id, step.execution_id, str(step.seq), "page"
-            )
+            await self.proxy.relay.tell_owner(sender, step, "page")
             return
         frame = InvokeFrame(
             request_id=request_id,

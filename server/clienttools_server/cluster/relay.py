@@ -20,6 +20,7 @@ Two sides of one call whose run and page are on different processes:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How many calls settled here for runs elsewhere are remembered (settled_here).
+MAX_TOLD = 4_096
 # The states a ``settled`` notification's outcome may name.
 SETTLED_STATES: frozenset[str] = frozenset({"applied", "error", "expired"})
 
@@ -97,6 +100,14 @@ class CallRelay:
         self.ledger = ledger
         # Invokes relayed to this process's connections for runs on other processes.
         self.relayed: dict[str, Relay] = {}
+        # The calls this process settled for a run elsewhere and told its owner of,
+        # the latest MAX_TOLD: an invoke of one of them (from a new owner that read
+        # the step before) is judged from the row, not from the step it carries.
+        self._told: OrderedDict[str, None] = OrderedDict()
+
+    def settled_here(self, request_id: str) -> bool:
+        """Did this process settle the call, or hear it was resolved from outside?"""
+        return request_id in self._told or request_id in self.proxy.results.superseded
 
     # -- the pages' side: invokes relayed to connections here --------------------------
 
@@ -107,6 +118,10 @@ class CallRelay:
         """
         if owner == self.ledger.owner or step.request_id is None:
             return
+        self._told[step.request_id] = None
+        self._told.move_to_end(step.request_id)
+        while len(self._told) > MAX_TOLD:
+            self._told.popitem(last=False)
         args: tuple[str, ...] = (step.request_id, step.execution_id, str(step.seq), how)
         outcome = settled_outcome(step)
         if outcome is not None and fits(*args, *outcome):

@@ -53,7 +53,7 @@ import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import astuple, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from pydantic import ValidationError
 
@@ -82,15 +82,22 @@ def fits(*args: str) -> bool:
     return len(json.dumps(args, separators=(",", ":"))) <= CARRIED_BYTES
 
 
+_STEP_FIELDS = frozenset(f.name for f in fields(Step))
+
+
 def step_json(step: Step) -> str:
-    """A step as an ``invoke`` carries it: JSON of its fields, in order."""
-    return json.dumps(astuple(step), separators=(",", ":"))
+    """A step as an ``invoke`` carries it: JSON of its fields by name."""
+    return json.dumps(asdict(step), separators=(",", ":"))
 
 
 def step_of_json(text: str) -> Step | None:
-    """The step an ``invoke`` carried; None for one this code did not write."""
+    """The step an ``invoke`` carried; None for one this code did not write (other
+    fields than a step's, as a process of another version would send)."""
     try:
-        return Step(*json.loads(text))
+        carried = json.loads(text)
+        if not isinstance(carried, dict) or carried.keys() != _STEP_FIELDS:
+            return None
+        return Step(**carried)
     except (ValueError, TypeError):
         return None
 
