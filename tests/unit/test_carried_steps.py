@@ -55,7 +55,6 @@ texts = st.text(max_size=40)
 def test_a_step_comes_back_as_it_was_sent_through_a_notification(
     input_json: str, spec_json: str | None, created_at: float, client_id: str | None
 ) -> None:
-
     step = replace(
         PENDING,
         input_json=input_json,
@@ -92,7 +91,6 @@ def test_what_fits_leaves_room_under_postgresqls_payload_limit() -> None:
 
 
 def test_a_settled_step_carries_its_state_and_value_and_a_pending_one_nothing() -> None:
-
     assert settled_outcome(PENDING) is None
     applied = replace(PENDING, state="applied", result_json='{"sq":9}')
     assert settled_outcome(applied) == ("applied", '{"sq":9}')

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, cast, get_args
 
 from clienttools.protocol import (
     CancelFrame,
@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 # How many calls settled here for runs elsewhere are remembered (settled_here).
 MAX_TOLD = 4_096
-# The states a ``settled`` notification's outcome may name.
-SETTLED_STATES: frozenset[str] = frozenset({"applied", "error", "expired"})
+# The states a ``settled`` notification's outcome may name: every one but pending.
+SETTLED_STATES: frozenset[str] = frozenset(get_args(StepState)) - {"pending"}
 
 
 @dataclass(eq=False, slots=True)
