@@ -55,6 +55,7 @@ class Chat:
         self._observers: Observers[[Chat]] = Observers("chat: on_change")
         self._done: asyncio.Future[None] | None = None
         self._connected = True
+        self._unsent: list[protocol.ChatClearFrame] = []  # written, not yet handed to the socket
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- state
@@ -137,7 +138,7 @@ class Chat:
         frame = self._state.begin_resume(self._id_factory())
         done = self._done = asyncio.get_running_loop().create_future()
         self._changed()
-        await self._send(protocol.dump_frame(frame))
+        await self._write(frame)
         await done
         message = self._outcome()
         return message if message.parts else None
@@ -149,7 +150,7 @@ class Chat:
             return
         self._changed()
         try:
-            await self._send(protocol.dump_frame(frame))
+            await self._write(frame)
         except Exception:  # the socket is down: the server drops it on close anyway
             logger.warning("chat: could not send abort", exc_info=True)
 
@@ -168,7 +169,7 @@ class Chat:
         """Answer a tool approval request."""
         frame = self._state.respond_approval(tool_call_id, approved, reason)
         self._changed()
-        await self._send(protocol.dump_frame(frame))
+        await self._write(frame)
 
     # -- called by the client's I/O layer
 
@@ -179,7 +180,7 @@ class Chat:
 
     async def subscribe(self) -> None:
         """Ask for the stored messages, now and after every change (the client does it)."""
-        await self._send(protocol.dump_frame(self._state.subscribe()))
+        await self._write(self._state.subscribe())
 
     def connection_lost(self) -> None:
         # Nothing changes for the UI: a response in flight stays "streaming".
@@ -192,30 +193,40 @@ class Chat:
         await self.subscribe()
         if self._state.active:
             frame = self._state.begin_resume(self._id_factory())
-            await self._send(protocol.dump_frame(frame))
+            await self._write(frame)
 
     # -- internals
 
     def _send_soon(self, frame: protocol.ChatClearFrame) -> None:
-        """Send without awaiting, from synchronous code; a socket that is down drops it
-        (the next open subscribes again and gets what the server holds)."""
+        """Send without awaiting, from synchronous code, yet before any frame written
+        after it; a socket that is down drops it (the next open subscribes again and
+        gets what the server holds)."""
+        self._unsent.append(frame)
+        task = asyncio.get_running_loop().create_task(self._flush())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-        async def send() -> None:
+    async def _flush(self) -> None:
+        """Hand the frames written without awaiting to the socket, oldest first."""
+        while self._unsent:
+            frame = self._unsent.pop(0)
             try:
                 await self._send(protocol.dump_frame(frame))
             except Exception:
                 logger.warning("chat: could not send %s", frame.type, exc_info=True)
 
-        task = asyncio.get_running_loop().create_task(send())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _write(self, frame: protocol.WireModel) -> None:
+        """Send one frame, after those written before it: ``clear(); await send(...)``
+        reaches the server in that order, so the clear is not refused as streaming."""
+        await self._flush()
+        await self._send(protocol.dump_frame(frame))
 
     async def _begin(self, text: str | UIMessage) -> asyncio.Future[None]:
         frame = self._state.begin_request(self._id_factory(), text)
         done = self._done = asyncio.get_running_loop().create_future()
         self._changed()
         try:
-            await self._send(protocol.dump_frame(frame))
+            await self._write(frame)
         except Exception as exc:
             self._state.fail(f"could not send the chat request: {exc}")
             self._changed()

@@ -321,6 +321,30 @@ async def test_clear_is_refused_while_streaming_then_empties_every_tab(
     await settled(server.hub)
 
 
+async def test_a_page_that_clears_then_sends_starts_afresh_on_the_server(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``clear()`` does not wait, yet its frame leaves before the ``send`` after it: the
+    server clears the chat instead of refusing it as streaming."""
+    page = ToolClient(f"ws://127.0.0.1:{server.port}/agents/chat/afresh")
+    await page.connect()
+    try:
+        chat = page.chat
+        await chat.send("hello")
+        first = await http(server, "GET", "/chats/afresh")
+        chat.clear()
+        await chat.send("hello again")  # in the task that cleared, as a page writes it
+        stored = (await http(server, "GET", "/chats/afresh")).json
+        assert [m.role for m in chat.messages] == ["user", "assistant"]
+        assert [m.to_wire() for m in chat.messages] == stored["messages"]
+        # the clear made a version of its own, then the turn's start and its end did
+        assert stored["version"] == first.json["version"] + 3
+        assert "protocol error" not in caplog.text
+    finally:
+        await page.close()
+    await settled(server.hub)
+
+
 async def test_a_chat_of_another_session_is_refused_and_reveals_nothing(
     server: RunningServer, open_browser: OpenBrowser
 ) -> None:

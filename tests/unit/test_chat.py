@@ -996,6 +996,53 @@ async def test_clear_forgets_the_messages_and_tells_the_callbacks(
     assert socket.sent[-1] == {"type": "cf_agent_chat_clear", "id": "chat-1"}
 
 
+async def test_a_clear_reaches_the_server_before_the_send_after_it(socket: FakeSocket) -> None:
+    """`clear(); await send(...)`: the server sees them in that order (else it refuses
+    the clear, the response having started)."""
+
+    class SlowSocket(FakeSocket):
+        async def send(self, text: str) -> None:
+            await asyncio.sleep(0)  # a socket whose send yields, as a real one may
+            await super().send(text)
+
+    slow = SlowSocket()
+    chat = Chat(slow.send, chat_id="chat-1", id_factory=counter())
+
+    async def server() -> None:
+        await until_sent(slow, 2)
+        (request,) = [f for f in slow.sent if f["type"] == "send"]
+        chat.feed(from_server({"type": "end", "requestId": request["requestId"]}))
+
+    answered = asyncio.create_task(server())
+    chat.clear()
+    await chat.send("fresh start")  # in this task, as a page writes it (not wrapped in one)
+    await answered
+    assert [f["type"] for f in slow.sent] == ["cf_agent_chat_clear", "send"]
+    chat.clear()
+    chat.clear()
+    await chat.stop()  # nothing in flight: no frame, and the clears are not held back
+    await until_sent(slow, 4)
+    assert [f["type"] for f in slow.sent[2:]] == ["cf_agent_chat_clear"] * 2
+
+
+async def test_a_clear_that_cannot_be_sent_is_logged_and_the_send_still_tried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failures = [True]
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        if failures.pop(0) if failures else False:
+            raise ConnectionError("socket closed")
+        sent.append(json.loads(text)["type"])
+
+    chat = Chat(send, chat_id="chat-1", id_factory=counter())
+    chat.clear()
+    with pytest.raises(TimeoutError):  # the send went out; no server answers it here
+        await asyncio.wait_for(chat.send("x"), 0.05)
+    assert sent == ["send"] and "could not send cf_agent_chat_clear" in caplog.text
+
+
 async def test_a_failing_callback_does_not_break_the_chat(
     chat: Chat, socket: FakeSocket, caplog: pytest.LogCaptureFixture
 ) -> None:
