@@ -9,6 +9,7 @@ from clienttools import Chat
 from clienttools.chat import ChatResponseError
 
 TURN_TIMEOUT_S = 60.0
+RESET_WAIT_S = 1.0
 peer = js.window.__peer
 client = clienttools.ToolClient(str(peer.wsUrl()))
 
@@ -34,8 +35,15 @@ def lookup(key: str) -> dict[str, object]:
 async def turn(text: str, expected: str) -> object:
     chat = client.chat
     # Every turn is the same work: a conversation that grew over hundreds of turns would
-    # make later requests heavier (page (b) empties chat.messages the same way).
+    # make later requests heavier (page (b) empties chat.messages the same way). The
+    # reset is not the turn: page (b) resets in memory, so the turn starts once the
+    # server's empty conversation is here (or after RESET_WAIT_S, if it never comes).
+    version = chat.state.version
     chat.clear()
+    waited = 0.0
+    while chat.state.version == version and waited < RESET_WAIT_S:
+        await asyncio.sleep(0.002)
+        waited += 0.002
     record = peer.newTurn(chat.status)
 
     def changed(c: Chat) -> None:
