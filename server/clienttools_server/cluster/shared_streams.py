@@ -88,7 +88,7 @@ ABORT = "abort-run"  # to the owner: a page aborted the response on another proc
 # long delay bears only on a take-over, whose replay makes again what was not
 # written. Each streaming chat costs PostgreSQL one insert per delay: at 2 s
 # rather than 0.5 s, a busy process's chats (about 2 s each) wrote 1.3 inserts
-# a chat instead of 3.3 (bench/README.md, "Fewer chunk writes").
+# a chat instead of 3.3 (bench/README.md, "The 7th's night runs").
 FLUSH_DELAY = 0.02
 UNFOLLOWED_FLUSH_DELAY = 2.0
 # Seconds before a write that met an unreachable database is tried again.
